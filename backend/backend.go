@@ -1,0 +1,230 @@
+// Package backend defines the narrow interfaces a dlock backend implements,
+// and the sentinel errors every layer shares.
+//
+// This is the "driver" layer, in the manner of gocloud.dev's blob/driver: the
+// portable types in package dlock own everything that must behave the same on
+// every backend (key and TTL validation, defaults, the one retry/wait loop,
+// automatic refresh, the lease-lost signal, the closed state and error
+// wrapping). A backend implements only what differs: one acquire attempt,
+// refresh, release, and optionally a native way to wait for a key to be freed
+// ([Waiter]) and a way to learn that a lease was lost ([LossNotifier]).
+//
+// Guarantees the dlock layer gives a backend:
+//   - keys have passed [ValidateKey] and [Driver.ValidateKey];
+//   - TTLs are > 0 and at least [Limits.MinTTL];
+//   - ctx is never nil;
+//   - no call is made after [Driver.Close] has been called, and Close is
+//     called at most once;
+//   - Refresh and Release of one [Lease] are never called concurrently, and
+//     nothing is called on a Lease after its Release returned.
+//
+// Guarantees a backend gives the dlock layer:
+//   - every error it returns wraps one of the sentinels below where one fits
+//     ([ErrNotAcquired] when the key is held elsewhere, [ErrNotHeld] when
+//     the lease is no longer ours, [ErrUnavailable] when the server could not
+//     be reached or answered with an error), so callers can test with
+//     errors.Is;
+//   - it never returns (nil, nil).
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+)
+
+// The error vocabulary of dlock. Every error that dlock returns wraps one of
+// these (test with errors.Is). Package dlock re-exports them under the same
+// names.
+var (
+	// ErrNotAcquired: the lock is held by someone else (TryAcquire), or the
+	// acquire ended before the lock was obtained (Acquire whose context
+	// ended; the error then also matches ctx.Err()).
+	ErrNotAcquired = errors.New("dlock: lock not acquired")
+	// ErrNotHeld: the lease is no longer held by this holder — it was
+	// released already, or it expired and perhaps another holder owns the
+	// key now. Release and Refresh return it; nothing was changed.
+	ErrNotHeld = errors.New("dlock: lock not held")
+	// ErrLeaseLost: the lease ended without Release — its deadline passed
+	// without a successful refresh, the server dropped it, or the session
+	// behind it ended. Lease.Err returns it after Lease.Done is closed.
+	ErrLeaseLost = errors.New("dlock: lease lost")
+	// ErrClosed: the Locker (or the backend) was closed.
+	ErrClosed = errors.New("dlock: locker closed")
+	// ErrInvalidKey: the key is empty, too long, not valid UTF-8, or one the
+	// backend cannot represent. Returned before any I/O.
+	ErrInvalidKey = errors.New("dlock: invalid key")
+	// ErrInvalidTTL: the TTL is not positive, or below the backend's floor.
+	// Returned before any I/O; dlock never clamps a TTL silently.
+	ErrInvalidTTL = errors.New("dlock: invalid ttl")
+	// ErrInvalidConfig: a bad option, URL or URL parameter. Returned before
+	// any I/O.
+	ErrInvalidConfig = errors.New("dlock: invalid configuration")
+	// ErrUnavailable: the backend could not be reached, answered with an
+	// error, or could not give the promised durability (for example too
+	// few replicas acknowledged a write). The operation may or may not have
+	// taken effect on the server; dlock cleans up what it can.
+	ErrUnavailable = errors.New("dlock: backend unavailable")
+)
+
+// MaxKeyLen is the longest key, in bytes, that dlock accepts.
+const MaxKeyLen = 512
+
+// ValidateKey applies the rules every backend shares: a key is non-empty, at
+// most [MaxKeyLen] bytes, valid UTF-8 and free of NUL bytes. The error wraps
+// [ErrInvalidKey].
+func ValidateKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty", ErrInvalidKey)
+	case len(key) > MaxKeyLen:
+		return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidKey, len(key), MaxKeyLen)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] == 0 {
+			return fmt.Errorf("%w: contains a NUL byte at %d", ErrInvalidKey, i)
+		}
+	}
+	return nil
+}
+
+// FencingGrade says how far a backend's fencing tokens can be trusted.
+type FencingGrade int
+
+const (
+	// FencingNone: the backend issues no tokens; Lease.Token is 0.
+	FencingNone FencingGrade = iota
+	// FencingBestEffort: tokens increase per key in normal operation, but
+	// a crash, failover or clock step can make a later holder receive a
+	// token that is not larger (the backend documents exactly when). Good
+	// enough to detect most stale writers; not proof against all.
+	FencingBestEffort
+	// FencingConsensus: tokens come from a single totally ordered source
+	// that does not lose acknowledged state (a consensus log such as etcd's
+	// revision or ZooKeeper's zxid, or one process's memory): a later
+	// holder always has a larger token.
+	FencingConsensus
+)
+
+// String returns "none", "best-effort" or "consensus".
+func (g FencingGrade) String() string {
+	switch g {
+	case FencingNone:
+		return "none"
+	case FencingBestEffort:
+		return "best-effort"
+	case FencingConsensus:
+		return "consensus"
+	}
+	return fmt.Sprintf("FencingGrade(%d)", int(g))
+}
+
+// Guarantees is what a backend promises. The conformance suite gates its
+// capability-dependent cases on these fields, never on the backend's name.
+type Guarantees struct {
+	// Fencing is the grade of the fencing tokens.
+	Fencing FencingGrade
+	// ToleratedFailures is how many server nodes can fail (crash or be
+	// partitioned away) without losing mutual exclusion. A single Redis
+	// tolerates 0.
+	ToleratedFailures int
+	// FIFO reports that waiters are granted the lock in arrival order.
+	FIFO bool
+	// ClockDependent reports that mutual exclusion rests on timing
+	// assumptions: bounded clock drift between client and servers, and
+	// bounded process pauses and network delays. Such a lock is fit for
+	// efficiency (avoiding duplicate work), not for correctness, unless
+	// the protected resource checks fencing tokens.
+	ClockDependent bool
+	// Notes says, in one or two sentences, when the promises above fail.
+	Notes string
+}
+
+// Limits are the bounds a backend puts on its inputs, checked by the dlock
+// layer before any I/O.
+type Limits struct {
+	// MinTTL is the shortest lease the backend can grant.
+	MinTTL time.Duration
+	// MaxTTL is the longest lease the backend can grant; 0 means no limit.
+	MaxTTL time.Duration
+}
+
+// Driver is one backend instance: a connection (or connection pool) to the
+// servers, shared by all leases taken through one dlock.Locker.
+type Driver interface {
+	// TryAcquire makes one attempt to take the lock on key for ttl. When
+	// the key is held elsewhere it returns an error wrapping
+	// [ErrNotAcquired]; if it is a *[HeldError], RetryAfter bounds how
+	// long the key stays held.
+	//
+	// When TryAcquire returns an error other than ErrNotAcquired, the
+	// backend has undone whatever it may have written.
+	TryAcquire(ctx context.Context, key string, ttl time.Duration) (Lease, error)
+	// ValidateKey applies the backend's own key rules, beyond the shared
+	// [ValidateKey]. The error wraps [ErrInvalidKey].
+	ValidateKey(key string) error
+	// Limits returns the backend's TTL bounds.
+	Limits() Limits
+	// Guarantees returns what the backend promises.
+	Guarantees() Guarantees
+	// Close releases the backend's resources. Clients the caller passed in
+	// are not closed; clients the backend built itself (from a URL) are.
+	Close() error
+}
+
+// Lease is one held lock, as returned by [Driver.TryAcquire].
+type Lease interface {
+	// Token is the fencing token of this grant (0 if the backend issues
+	// none).
+	Token() uint64
+	// TTL is the lease time the server granted, which may be longer than
+	// asked (never shorter).
+	TTL() time.Duration
+	// Refresh extends the lease to ttl from now and returns the TTL
+	// granted. If the lease is no longer ours it returns an error wrapping
+	// [ErrNotHeld] and changes nothing.
+	Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error)
+	// Release gives the lock up. If the lease is no longer ours it returns
+	// an error wrapping [ErrNotHeld] and changes nothing.
+	Release(ctx context.Context) error
+}
+
+// HeldError is returned (wrapped or not) by [Driver.TryAcquire] when the key
+// is held elsewhere. It matches [ErrNotAcquired].
+type HeldError struct {
+	// RetryAfter is an upper bound on how long the current holder's lease
+	// lasts, if the backend knows it (0 if not).
+	RetryAfter time.Duration
+}
+
+// Error implements error.
+func (e *HeldError) Error() string { return ErrNotAcquired.Error() + ": held by another holder" }
+
+// Unwrap makes a HeldError match [ErrNotAcquired].
+func (e *HeldError) Unwrap() error { return ErrNotAcquired }
+
+// Waiter is implemented by backends that can tell a waiter when a key may
+// have been freed, instead of leaving it to poll.
+type Waiter interface {
+	// Watch starts watching key for releases. It returns once the watch is
+	// in force: a release that happens after Watch returns is reported on
+	// the channel. The channel receives (or is closed) when the key may be
+	// free; spurious wake-ups are allowed. stop ends the watch and must be
+	// called exactly once.
+	Watch(ctx context.Context, key string) (wake <-chan struct{}, stop func(), err error)
+}
+
+// LossNotifier is implemented by a [Lease] whose backend learns of loss by
+// itself (a session that expired, a watch on the lock key).
+type LossNotifier interface {
+	// Lost returns a channel that is closed when the backend knows the
+	// lease is lost. It returns the same channel on every call.
+	Lost() <-chan struct{}
+	// LostErr says why, once Lost is closed; the error wraps
+	// [ErrLeaseLost].
+	LostErr() error
+}

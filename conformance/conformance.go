@@ -1,0 +1,663 @@
+// Package conformance is the test suite every dlock backend must pass, in the
+// manner of gocloud.dev's drivertest. A backend's tests call [Run] with a
+// [HarnessMaker] that connects to real servers:
+//
+//	func TestConformance(t *testing.T) {
+//		conformance.Run(t, func(ctx context.Context, t *testing.T) (conformance.Harness, error) {
+//			return newHarness(ctx, t) // Lockers on the test servers
+//		})
+//	}
+//
+// The harness makes independent Lockers that contend with each other, as
+// separate processes would, and can force the server to drop a lease. Cases
+// that depend on a capability are skipped based on the Locker's Guarantees,
+// never on the backend's name. This package starts no servers (see
+// conformance/servers for that).
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/dlock-go/dlock"
+)
+
+// Harness gives the suite access to one backend on real (or in-process)
+// servers.
+type Harness interface {
+	// NewLocker returns a new Locker with its own connections to the
+	// servers, as a separate process would have. The suite closes it.
+	NewLocker(ctx context.Context, opts *dlock.Options) (*dlock.Locker, error)
+	// Expire makes the server drop the lock held on key now, as if its TTL
+	// had run out.
+	Expire(ctx context.Context, key string) error
+	// Residue reports whether the server keeps any state of a holder or a
+	// waiter for key (a lock entry, a queued waiter node). State that must
+	// outlive holders, such as a fencing counter, does not count.
+	Residue(ctx context.Context, key string) (bool, error)
+	// Close releases the harness. Servers may outlive it.
+	Close()
+}
+
+// HarnessMaker makes the Harness for one run of the suite.
+type HarnessMaker func(ctx context.Context, t *testing.T) (Harness, error)
+
+// ShortTTL is the lease time of the cases that wait for expiry. Backends
+// whose floor is higher get their floor.
+const ShortTTL = 400 * time.Millisecond
+
+// slack bounds how late a signal may come in the timing cases: generous, as
+// test machines are noisy; the cases check that something happens, not how
+// fast (benchmarks measure speed).
+const slack = 5 * time.Second
+
+// Run runs the suite.
+func Run(t *testing.T, newHarness HarnessMaker) {
+	ctx := t.Context()
+	h, err := newHarness(ctx, t)
+	if err != nil {
+		t.Fatalf("making harness: %v", err)
+	}
+	t.Cleanup(h.Close)
+	s := &suite{h: h}
+	probe := s.locker(t)
+	s.g = probe.Guarantees()
+	t.Logf("guarantees: fencing=%v tolerated-failures=%d fifo=%v clock-dependent=%v",
+		s.g.Fencing, s.g.ToleratedFailures, s.g.FIFO, s.g.ClockDependent)
+
+	// The leak check runs alone, so that other cases' goroutines do not
+	// count against it.
+	t.Run("CancelledAcquireLeavesNothing", s.cancelledAcquire)
+	t.Run("parallel", func(t *testing.T) {
+		for _, c := range []struct {
+			name string
+			fn   func(*testing.T)
+		}{
+			{"TryAcquireContended", s.tryAcquireContended},
+			{"AcquireWakesOnRelease", s.acquireWakesOnRelease},
+			{"MutualExclusion", s.mutualExclusion},
+			{"ExpiryFreesKey", s.expiryFreesKey},
+			{"RefreshExtends", s.refreshExtends},
+			{"StaleLeaseCannotTouchNewer", s.staleLease},
+			{"DoubleRelease", s.doubleRelease},
+			{"DoneOnLoss", s.doneOnLoss},
+			{"UseAfterClose", s.useAfterClose},
+			{"CloseDuringAcquire", s.closeDuringAcquire},
+			{"BadInput", s.badInput},
+			{"KeysAreIndependent", s.keysIndependent},
+			{"AutoRefresh", s.autoRefresh},
+			{"MaxHold", s.maxHold},
+			{"Deadline", s.deadline},
+			{"FIFO", s.fifo},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
+				c.fn(t)
+			})
+		}
+	})
+}
+
+type suite struct {
+	h Harness
+	g dlock.Guarantees
+}
+
+// locker returns a new Locker, closed when t ends.
+func (s *suite) locker(t *testing.T) *dlock.Locker {
+	t.Helper()
+	l, err := s.h.NewLocker(t.Context(), nil)
+	if err != nil {
+		t.Fatalf("NewLocker: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := l.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return l
+}
+
+// key returns a key unique to this test run.
+func key(t *testing.T) string {
+	return fmt.Sprintf("conformance/%s/%08x", t.Name(), rand.Uint32())
+}
+
+func acquire(t *testing.T, l *dlock.Locker, key string, o *dlock.AcquireOptions) *dlock.Lease {
+	t.Helper()
+	le, err := l.TryAcquire(t.Context(), key, o)
+	if err != nil {
+		t.Fatalf("TryAcquire(%q): %v", key, err)
+	}
+	return le
+}
+
+func release(t *testing.T, le *dlock.Lease) {
+	t.Helper()
+	if err := le.Release(t.Context()); err != nil {
+		t.Fatalf("Release(%q): %v", le.Key(), err)
+	}
+}
+
+// wantErr fails t unless err matches every target and names the key.
+func wantErr(t *testing.T, what string, err error, key string, targets ...error) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("%s: got nil error, want %v", what, targets)
+	}
+	for _, target := range targets {
+		if !errors.Is(err, target) {
+			t.Fatalf("%s: got %v, want an error matching %v", what, err, target)
+		}
+	}
+	if key != "" && !strings.Contains(err.Error(), key) {
+		t.Errorf("%s: error %q does not name the key %q", what, err, key)
+	}
+}
+
+// waitDone waits for le.Done, at most until d, and returns whether it closed.
+func waitDone(le *dlock.Lease, d time.Time) bool {
+	t := time.NewTimer(time.Until(d))
+	defer t.Stop()
+	select {
+	case <-le.Done():
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// tokenAfter fails t unless later's token is larger than earlier's, where
+// the backend issues tokens.
+func (s *suite) tokenAfter(t *testing.T, earlier, later dlock.Token) {
+	t.Helper()
+	if s.g.Fencing == dlock.FencingNone {
+		return
+	}
+	if earlier == 0 || later <= earlier {
+		t.Errorf("tokens: later holder got %d after %d; want a non-zero, strictly larger token", later, earlier)
+	}
+}
+
+func (s *suite) tryAcquireContended(t *testing.T) {
+	a, b := s.locker(t), s.locker(t)
+	k := key(t)
+	la := acquire(t, a, k, nil)
+	_, err := b.TryAcquire(t.Context(), k, nil)
+	wantErr(t, "TryAcquire of a held key", err, k, dlock.ErrNotAcquired)
+	// The same Locker is no exception: a lock is not re-entrant.
+	_, err = a.TryAcquire(t.Context(), k, nil)
+	wantErr(t, "TryAcquire of a key held by the same Locker", err, k, dlock.ErrNotAcquired)
+	release(t, la)
+	lb := acquire(t, b, k, nil)
+	s.tokenAfter(t, la.Token(), lb.Token())
+	release(t, lb)
+}
+
+func (s *suite) acquireWakesOnRelease(t *testing.T) {
+	a, b := s.locker(t), s.locker(t)
+	k := key(t)
+	// The TTL is far longer than the test's patience: b can only get the
+	// lock through a's release.
+	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: time.Minute})
+	got := make(chan error, 1)
+	var lb *dlock.Lease
+	go func() {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		var err error
+		lb, err = b.Acquire(ctx, k, nil)
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		t.Fatalf("Acquire returned while the key was held: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	release(t, la)
+	if err := <-got; err != nil {
+		t.Fatalf("Acquire after release: %v", err)
+	}
+	s.tokenAfter(t, la.Token(), lb.Token())
+	release(t, lb)
+}
+
+func (s *suite) mutualExclusion(t *testing.T) {
+	const lockers, perLocker, rounds = 4, 4, 10
+	k := key(t)
+	var (
+		inside atomic.Int32
+		// Read and written in separate steps, so that only the lock
+		// makes the increment whole. (Atomic loads and stores keep the
+		// race detector quiet: it cannot see the ordering a network
+		// round trip gives.)
+		counter atomic.Int64
+		last    atomic.Uint64
+		wg      sync.WaitGroup
+	)
+	for range lockers {
+		l := s.locker(t)
+		for range perLocker {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range rounds {
+					le, err := l.Acquire(t.Context(), k, &dlock.AcquireOptions{TTL: 30 * time.Second})
+					if err != nil {
+						t.Errorf("Acquire: %v", err)
+						return
+					}
+					if n := inside.Add(1); n != 1 {
+						t.Errorf("%d holders at once", n)
+					}
+					if s.g.Fencing != dlock.FencingNone {
+						if prev := last.Load(); uint64(le.Token()) <= prev {
+							t.Errorf("token %d after %d: not strictly increasing", le.Token(), prev)
+						}
+						last.Store(uint64(le.Token()))
+					}
+					v := counter.Load()
+					runtime.Gosched()
+					counter.Store(v + 1)
+					inside.Add(-1)
+					if err := le.Release(t.Context()); err != nil {
+						t.Errorf("Release: %v", err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if got, want := counter.Load(), int64(lockers*perLocker*rounds); got != want {
+		t.Errorf("counter = %d, want %d: increments were lost", got, want)
+	}
+}
+
+func (s *suite) expiryFreesKey(t *testing.T) {
+	a, b := s.locker(t), s.locker(t)
+	k := key(t)
+	// a takes the lock and vanishes: no refresh, no release.
+	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: ShortTTL})
+	ctx, cancel := context.WithTimeout(t.Context(), slack)
+	defer cancel()
+	lb, err := b.Acquire(ctx, k, nil)
+	if err != nil {
+		t.Fatalf("Acquire after the holder's TTL: %v", err)
+	}
+	s.tokenAfter(t, la.Token(), lb.Token())
+	if !waitDone(la, time.Now().Add(slack)) {
+		t.Fatalf("the expired lease's Done did not fire")
+	}
+	wantErr(t, "Err of an expired lease", la.Err(), "", dlock.ErrLeaseLost)
+	wantErr(t, "Release of an expired lease", la.Release(t.Context()), k, dlock.ErrNotHeld)
+	// b's lock survived a's late release.
+	_, err = a.TryAcquire(t.Context(), k, nil)
+	wantErr(t, "TryAcquire after a stale release", err, k, dlock.ErrNotAcquired)
+	release(t, lb)
+}
+
+func (s *suite) refreshExtends(t *testing.T) {
+	a, b := s.locker(t), s.locker(t)
+	k := key(t)
+	ttl := ShortTTL
+	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: ttl})
+	before := la.Deadline()
+	if err := la.Refresh(t.Context(), time.Minute); err != nil {
+		t.Fatalf("Refresh: %v", err)
+	}
+	if !la.Deadline().After(before) {
+		t.Errorf("Deadline %v did not move past %v after Refresh", la.Deadline(), before)
+	}
+	if la.TTL() < time.Minute {
+		t.Errorf("TTL() = %v after Refresh(1m); want at least 1m", la.TTL())
+	}
+	// Well past the original TTL, the lock is still held.
+	time.Sleep(3 * ttl)
+	_, err := b.TryAcquire(t.Context(), k, nil)
+	wantErr(t, "TryAcquire of a refreshed lock", err, k, dlock.ErrNotAcquired)
+	if err := la.Err(); err != nil {
+		t.Fatalf("refreshed lease reports %v", err)
+	}
+	// Once the server dropped it, Refresh cannot revive it.
+	if err := s.h.Expire(t.Context(), k); err != nil {
+		t.Fatalf("Expire: %v", err)
+	}
+	wantErr(t, "Refresh after expiry", la.Refresh(t.Context(), time.Minute), k, dlock.ErrNotHeld)
+	wantErr(t, "Err after a failed refresh", la.Err(), "", dlock.ErrLeaseLost)
+	lb := acquire(t, b, k, nil)
+	release(t, lb)
+}
+
+func (s *suite) staleLease(t *testing.T) {
+	a, b, c := s.locker(t), s.locker(t), s.locker(t)
+	k := key(t)
+	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: time.Minute})
+	if err := s.h.Expire(t.Context(), k); err != nil {
+		t.Fatalf("Expire: %v", err)
+	}
+	lb := acquire(t, b, k, &dlock.AcquireOptions{TTL: time.Minute})
+	s.tokenAfter(t, la.Token(), lb.Token())
+	wantErr(t, "Refresh of a stale lease", la.Refresh(t.Context(), time.Minute), k, dlock.ErrNotHeld)
+	wantErr(t, "Release of a stale lease", la.Release(t.Context()), k, dlock.ErrNotHeld)
+	_, err := c.TryAcquire(t.Context(), k, nil)
+	wantErr(t, "TryAcquire after stale release", err, k, dlock.ErrNotAcquired)
+	if err := lb.Err(); err != nil {
+		t.Fatalf("the newer lease was disturbed: %v", err)
+	}
+	release(t, lb)
+}
+
+func (s *suite) doubleRelease(t *testing.T) {
+	a := s.locker(t)
+	k := key(t)
+	la := acquire(t, a, k, nil)
+	release(t, la)
+	select {
+	case <-la.Done():
+	default:
+		t.Fatalf("Done not closed after Release")
+	}
+	if err := la.Err(); !errors.Is(err, dlock.ErrNotHeld) || errors.Is(err, dlock.ErrLeaseLost) {
+		t.Errorf("Err after Release = %v; want ErrNotHeld and not ErrLeaseLost", err)
+	}
+	wantErr(t, "second Release", la.Release(t.Context()), k, dlock.ErrNotHeld)
+	wantErr(t, "Refresh after Release", la.Refresh(t.Context(), 0), k, dlock.ErrNotHeld)
+}
+
+func (s *suite) doneOnLoss(t *testing.T) {
+	a := s.locker(t)
+	k := key(t)
+	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: 3 * time.Second})
+	ctx, cancel := la.Context(t.Context())
+	defer cancel()
+	if err := s.h.Expire(t.Context(), k); err != nil {
+		t.Fatalf("Expire: %v", err)
+	}
+	if !waitDone(la, la.Deadline().Add(slack)) {
+		t.Fatalf("Done did not fire by Deadline+%v after the server dropped the lease", slack)
+	}
+	wantErr(t, "Err of a lost lease", la.Err(), "", dlock.ErrLeaseLost)
+	select {
+	case <-ctx.Done():
+	case <-time.After(slack):
+		t.Fatalf("lease Context not cancelled after loss")
+	}
+	if cause := context.Cause(ctx); !errors.Is(cause, dlock.ErrLeaseLost) {
+		t.Errorf("context cause = %v; want ErrLeaseLost", cause)
+	}
+}
+
+func (s *suite) cancelledAcquire(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	func() {
+		a, err := s.h.NewLocker(t.Context(), nil)
+		if err != nil {
+			t.Fatalf("NewLocker: %v", err)
+		}
+		defer a.Close()
+		b, err := s.h.NewLocker(t.Context(), nil)
+		if err != nil {
+			t.Fatalf("NewLocker: %v", err)
+		}
+		defer b.Close()
+		k := key(t)
+		la := acquire(t, a, k, &dlock.AcquireOptions{TTL: time.Minute})
+
+		// Ended by a deadline while waiting.
+		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+		start := time.Now()
+		_, err = b.Acquire(ctx, k, nil)
+		cancel()
+		if took := time.Since(start); took > slack {
+			t.Errorf("cancelled Acquire took %v", took)
+		}
+		wantErr(t, "Acquire past its deadline", err, k, dlock.ErrNotAcquired, context.DeadlineExceeded)
+
+		// Cancelled while waiting.
+		ctx, cancel = context.WithCancel(t.Context())
+		got := make(chan error, 1)
+		go func() {
+			_, err := b.Acquire(ctx, k, nil)
+			got <- err
+		}()
+		time.Sleep(100 * time.Millisecond)
+		cancel()
+		select {
+		case err := <-got:
+			wantErr(t, "cancelled Acquire", err, k, dlock.ErrNotAcquired, context.Canceled)
+		case <-time.After(slack):
+			t.Fatalf("cancelled Acquire did not return")
+		}
+
+		// Cancelled before it began.
+		_, err = b.Acquire(ctx, k, nil)
+		wantErr(t, "Acquire with a cancelled context", err, k, dlock.ErrNotAcquired, context.Canceled)
+
+		release(t, la)
+		if left, err := s.h.Residue(t.Context(), k); err != nil || left {
+			t.Errorf("after the holder released and the waiters gave up: residue=%v (err %v); want none", left, err)
+		}
+	}()
+}
+
+func (s *suite) useAfterClose(t *testing.T) {
+	a, err := s.h.NewLocker(t.Context(), nil)
+	if err != nil {
+		t.Fatalf("NewLocker: %v", err)
+	}
+	b := s.locker(t)
+	k := key(t)
+	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: time.Minute})
+	if err := a.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	select {
+	case <-la.Done():
+	default:
+		t.Fatalf("a lease's Done is open after its Locker closed")
+	}
+	wantErr(t, "Err after Close", la.Err(), "", dlock.ErrClosed)
+	wantErr(t, "Release after Close", la.Release(t.Context()), k, dlock.ErrNotHeld)
+	_, err = a.TryAcquire(t.Context(), k, nil)
+	wantErr(t, "TryAcquire after Close", err, k, dlock.ErrClosed)
+	_, err = a.Acquire(t.Context(), k, nil)
+	wantErr(t, "Acquire after Close", err, k, dlock.ErrClosed)
+	if err := a.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	// Close released the lock.
+	release(t, acquire(t, b, k, nil))
+}
+
+func (s *suite) closeDuringAcquire(t *testing.T) {
+	a := s.locker(t)
+	b, err := s.h.NewLocker(t.Context(), nil)
+	if err != nil {
+		t.Fatalf("NewLocker: %v", err)
+	}
+	k := key(t)
+	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: time.Minute})
+	got := make(chan error, 1)
+	go func() {
+		_, err := b.Acquire(t.Context(), k, nil)
+		got <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	if err := b.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	select {
+	case err := <-got:
+		wantErr(t, "Acquire ended by Close", err, k, dlock.ErrClosed)
+	case <-time.After(slack):
+		t.Fatalf("Acquire did not return after Close")
+	}
+	release(t, la)
+}
+
+func (s *suite) badInput(t *testing.T) {
+	l := s.locker(t)
+	// A cancelled context: had any I/O happened, the error would be the
+	// context's, not the typed input error.
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	for _, k := range []string{"", strings.Repeat("k", dlock.MaxKeyLen+1), "bad\xffutf8", "nul\x00byte"} {
+		_, err := l.TryAcquire(ctx, k, nil)
+		wantErr(t, fmt.Sprintf("TryAcquire(%q)", k), err, "", dlock.ErrInvalidKey)
+		_, err = l.Acquire(ctx, k, nil)
+		wantErr(t, fmt.Sprintf("Acquire(%q)", k), err, "", dlock.ErrInvalidKey)
+		if errors.Is(err, context.Canceled) {
+			t.Errorf("Acquire(%q) did I/O before rejecting the key: %v", k, err)
+		}
+	}
+	k := key(t)
+	for _, ttl := range []time.Duration{-time.Second, time.Nanosecond, dlock.MinTTL - 1} {
+		_, err := l.TryAcquire(ctx, k, &dlock.AcquireOptions{TTL: ttl})
+		wantErr(t, fmt.Sprintf("TryAcquire with TTL %v", ttl), err, k, dlock.ErrInvalidTTL)
+	}
+	_, err := l.Acquire(ctx, k, &dlock.AcquireOptions{AutoRefresh: true, MaxHold: -time.Second})
+	wantErr(t, "Acquire with a negative MaxHold", err, k, dlock.ErrInvalidConfig)
+
+	le := acquire(t, l, k, nil)
+	wantErr(t, "Refresh with a negative TTL", le.Refresh(ctx, -time.Second), k, dlock.ErrInvalidTTL)
+	if err := le.Err(); err != nil {
+		t.Errorf("a rejected Refresh ended the lease: %v", err)
+	}
+	release(t, le)
+}
+
+func (s *suite) keysIndependent(t *testing.T) {
+	a := s.locker(t)
+	base := key(t)
+	var held []*dlock.Lease
+	defer func() {
+		for _, le := range held {
+			release(t, le)
+		}
+	}()
+	for _, suffix := range []string{"", "/b", "/b/c", " with space", "/ключ/🔒", "/.", "/..", "/../x", "//", "/{tag}", "/*?[", "/%2F", "/" + strings.Repeat("x", dlock.MaxKeyLen-len(base)-1)} {
+		k := base + suffix
+		// Every key is held at once: prefixes must not block each other.
+		le, err := a.TryAcquire(t.Context(), k, nil)
+		if err != nil {
+			t.Errorf("TryAcquire(%q) while related keys are held: %v", k, err)
+			continue
+		}
+		held = append(held, le)
+	}
+	if _, err := a.TryAcquire(t.Context(), base+"/b", nil); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Errorf("second TryAcquire of a held key: %v; want ErrNotAcquired", err)
+	}
+}
+
+func (s *suite) autoRefresh(t *testing.T) {
+	a, b := s.locker(t), s.locker(t)
+	k := key(t)
+	ttl := ShortTTL
+	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: ttl, AutoRefresh: true, MaxHold: time.Minute})
+	first := la.Deadline()
+	time.Sleep(4 * ttl)
+	if err := la.Err(); err != nil {
+		t.Fatalf("auto-refreshed lease lost: %v", err)
+	}
+	if !la.Deadline().After(first) {
+		t.Errorf("Deadline did not move: the watchdog did not refresh")
+	}
+	_, err := b.TryAcquire(t.Context(), k, nil)
+	wantErr(t, "TryAcquire of an auto-refreshed lock", err, k, dlock.ErrNotAcquired)
+	release(t, la)
+}
+
+func (s *suite) maxHold(t *testing.T) {
+	a, b := s.locker(t), s.locker(t)
+	k := key(t)
+	ttl := ShortTTL
+	start := time.Now()
+	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: ttl, AutoRefresh: true, MaxHold: 2 * ttl})
+	if !waitDone(la, start.Add(2*ttl+slack)) {
+		t.Fatalf("lease still held well past MaxHold")
+	}
+	if took := time.Since(start); took < 2*ttl-50*time.Millisecond {
+		t.Errorf("lease ended after %v, before MaxHold %v", took, 2*ttl)
+	}
+	wantErr(t, "Err past MaxHold", la.Err(), "", dlock.ErrLeaseLost)
+	ctx, cancel := context.WithTimeout(t.Context(), slack)
+	defer cancel()
+	lb, err := b.Acquire(ctx, k, nil)
+	if err != nil {
+		t.Fatalf("Acquire after MaxHold: %v", err)
+	}
+	release(t, lb)
+}
+
+func (s *suite) deadline(t *testing.T) {
+	a := s.locker(t)
+	k := key(t)
+	before := time.Now()
+	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: 10 * time.Second})
+	after := time.Now()
+	if la.TTL() < 10*time.Second {
+		t.Errorf("TTL() = %v, asked 10s: granted less than asked", la.TTL())
+	}
+	if d := la.Deadline(); d.After(before.Add(la.TTL())) || !d.After(after) {
+		t.Errorf("Deadline %v not within (%v, %v]", d, after, before.Add(la.TTL()))
+	}
+	if la.Key() != k {
+		t.Errorf("Key() = %q, want %q", la.Key(), k)
+	}
+	if s.g.Fencing != dlock.FencingNone && la.Token() == 0 {
+		t.Errorf("Token() = 0 on a backend with %v fencing", s.g.Fencing)
+	}
+	release(t, la)
+}
+
+func (s *suite) fifo(t *testing.T) {
+	if !s.g.FIFO {
+		t.Skip("backend does not promise FIFO order (Guarantees.FIFO is false)")
+	}
+	holder := s.locker(t)
+	k := key(t)
+	lh := acquire(t, holder, k, &dlock.AcquireOptions{TTL: time.Minute})
+	const n = 4
+	order := make(chan int, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		l := s.locker(t)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			le, err := l.Acquire(t.Context(), k, nil)
+			if err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+				return
+			}
+			order <- i
+			if err := le.Release(t.Context()); err != nil {
+				t.Errorf("waiter %d Release: %v", i, err)
+			}
+		}()
+		// Let waiter i queue before waiter i+1.
+		time.Sleep(300 * time.Millisecond)
+	}
+	release(t, lh)
+	wg.Wait()
+	close(order)
+	want := 0
+	for got := range order {
+		if got != want {
+			t.Errorf("waiter %d got the lock in place %d", got, want)
+		}
+		want++
+	}
+}

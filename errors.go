@@ -1,0 +1,80 @@
+package dlock
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+// The error vocabulary of dlock, defined once in package backend. Every error
+// dlock returns wraps one of these; test with errors.Is. Errors from
+// operations on a key are *[OpError] values that name the operation and the
+// key.
+var (
+	// ErrNotAcquired: the lock is held by someone else (TryAcquire), or
+	// Acquire ended before it got the lock; when its context ended, the
+	// error matches ctx.Err() too.
+	ErrNotAcquired = backend.ErrNotAcquired
+	// ErrNotHeld: Release or Refresh of a lease that is no longer held
+	// (released already, or lost). Nothing was changed on the server.
+	ErrNotHeld = backend.ErrNotHeld
+	// ErrLeaseLost: the lease ended without Release; Lease.Err returns it
+	// once Lease.Done is closed.
+	ErrLeaseLost = backend.ErrLeaseLost
+	// ErrClosed: the Locker was closed.
+	ErrClosed = backend.ErrClosed
+	// ErrInvalidKey: empty, longer than MaxKeyLen bytes, not UTF-8, with a
+	// NUL byte, or a key the backend cannot represent. Returned before any
+	// I/O.
+	ErrInvalidKey = backend.ErrInvalidKey
+	// ErrInvalidTTL: a TTL that is negative, below the backend's floor or
+	// above its ceiling. Returned before any I/O.
+	ErrInvalidTTL = backend.ErrInvalidTTL
+	// ErrInvalidConfig: a bad option, URL or URL parameter. Returned before
+	// any I/O.
+	ErrInvalidConfig = backend.ErrInvalidConfig
+	// ErrUnavailable: the backend could not be reached or could not give
+	// the promised durability.
+	ErrUnavailable = backend.ErrUnavailable
+)
+
+// OpError is the error of an operation on a key. It wraps the cause, which
+// matches one of the sentinel errors.
+type OpError struct {
+	// Op is the operation: "acquire", "try-acquire", "refresh", "release",
+	// "open" or "close".
+	Op string
+	// Key is the lock key ("" for operations on no key).
+	Key string
+	// Err is the cause.
+	Err error
+}
+
+// Error returns, for example, `dlock: acquire "orders/42": lock not acquired: context deadline exceeded`.
+func (e *OpError) Error() string {
+	msg := strings.TrimPrefix(e.Err.Error(), "dlock: ")
+	if e.Key == "" {
+		return "dlock: " + e.Op + ": " + msg
+	}
+	return "dlock: " + e.Op + " " + strconv.Quote(e.Key) + ": " + msg
+}
+
+// Unwrap returns the cause.
+func (e *OpError) Unwrap() error { return e.Err }
+
+func opErr(op, key string, err error) error {
+	return &OpError{Op: op, Key: key, Err: err}
+}
+
+// cancelled is the error of an acquire whose context ended: it matches
+// ErrNotAcquired, ctx.Err() and, if different, the context's cause.
+func cancelled(ctx context.Context) error {
+	err, cause := ctx.Err(), context.Cause(ctx)
+	if cause != nil && cause != err {
+		return fmt.Errorf("%w: %w (%w)", ErrNotAcquired, err, cause)
+	}
+	return fmt.Errorf("%w: %w", ErrNotAcquired, err)
+}

@@ -1,0 +1,304 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+// Lease is a held lock. Its methods are safe for concurrent use.
+//
+// A lease ends in one of three ways: Release; loss (its deadline passed
+// without a successful refresh, a refresh found the lock gone, or the
+// backend reported it lost); or Close of its Locker, which releases it.
+// Then Done is closed and Err says which.
+type Lease struct {
+	l        *Locker
+	key      string
+	token    Token
+	bl       backend.Lease
+	acquired time.Time
+	askedTTL time.Duration
+	done     chan struct{}
+	stopBG   context.CancelFunc // ends the watchdog and loss watcher
+
+	opMu sync.Mutex // serializes Refresh and Release calls to bl
+
+	mu       sync.Mutex
+	ttl      time.Duration
+	deadline time.Time
+	timer    *time.Timer
+	err      error // set once, before done is closed
+}
+
+func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *AcquireOptions) (*Lease, error) {
+	le := &Lease{
+		l:        l,
+		key:      key,
+		token:    Token(bl.Token()),
+		bl:       bl,
+		acquired: start,
+		askedTTL: ao.TTL,
+		done:     make(chan struct{}),
+		ttl:      bl.TTL(),
+	}
+	le.deadline = start.Add(le.ttl - l.margin(le.ttl))
+	bg, stop := context.WithCancel(context.Background())
+	le.stopBG = stop
+	le.mu.Lock()
+	le.timer = time.AfterFunc(time.Until(le.deadline), le.checkDeadline)
+	le.mu.Unlock()
+
+	l.mu.Lock()
+	closed := l.closed
+	if !closed {
+		l.leases[le] = struct{}{}
+	}
+	l.mu.Unlock()
+	if closed {
+		// Close began while we were acquiring: give the lock back.
+		_ = le.release(bg, ErrClosed)
+		return nil, ErrClosed
+	}
+	if n, ok := bl.(backend.LossNotifier); ok {
+		go le.watchLoss(bg, n)
+	}
+	if ao.AutoRefresh {
+		go le.watchdog(bg, ao.TTL, start.Add(ao.MaxHold))
+	}
+	return le, nil
+}
+
+// Key returns the lock key.
+func (le *Lease) Key() string { return le.key }
+
+// Token returns the fencing token of this grant (0 if the backend issues
+// none). Pass it to the protected resource with every write, and have the
+// resource reject tokens lower than the highest it has seen.
+func (le *Lease) Token() Token { return le.token }
+
+// TTL returns the lease time the server granted at the last acquire or
+// refresh (which may exceed what was asked, never fall short of it).
+func (le *Lease) TTL() time.Duration {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	return le.ttl
+}
+
+// Deadline returns a conservative local bound on the lease's end, on this
+// process's monotonic clock: the moment the last grant or refresh was
+// requested, plus the granted TTL, minus a margin for clock drift. The
+// server will not expire the lease before it, as long as clocks drift less
+// than the margin allows. Done is closed at Deadline at the latest, unless
+// the lease was refreshed.
+func (le *Lease) Deadline() time.Time {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	return le.deadline
+}
+
+// Done returns a channel that is closed when the lease ends: released, lost,
+// or its Locker closed. Done can fire late (a paused process learns late);
+// only a resource that checks the fencing token is safe from a holder that
+// no longer holds the lock.
+func (le *Lease) Done() <-chan struct{} { return le.done }
+
+// Err returns nil while the lease is held; after Done is closed, an error
+// that matches ErrLeaseLost if the lease was lost, ErrNotHeld if it was
+// released, or ErrClosed if its Locker was closed.
+func (le *Lease) Err() error {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	return le.err
+}
+
+// Context returns a context derived from parent that is cancelled when the
+// lease ends; context.Cause then returns Err. Call cancel when done with it.
+func (le *Lease) Context(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	go func() {
+		select {
+		case <-le.done:
+			cancel(le.Err())
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(context.Canceled) }
+}
+
+// Refresh extends the lease to ttl from now (ttl 0: the TTL the lease was
+// acquired with). If the lease is no longer held the error matches
+// ErrNotHeld, the lease ends as lost, and nothing is changed on the server.
+// Other errors (the backend unreachable) leave the lease as it was: it stays
+// valid until Deadline.
+func (le *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
+	if ttl == 0 {
+		ttl = le.askedTTL
+	}
+	if err := le.l.checkTTL(ttl); err != nil {
+		return opErr("refresh", le.key, err)
+	}
+	return le.refresh(ctx, ttl)
+}
+
+func (le *Lease) refresh(ctx context.Context, ttl time.Duration) error {
+	le.opMu.Lock()
+	defer le.opMu.Unlock()
+	if err := le.Err(); err != nil {
+		return opErr("refresh", le.key, notHeld(err))
+	}
+	start := time.Now()
+	granted, err := le.bl.Refresh(ctx, ttl)
+	if err != nil {
+		if errors.Is(err, ErrNotHeld) {
+			le.end(fmt.Errorf("%w: refresh found the lock no longer ours", ErrLeaseLost))
+		}
+		return opErr("refresh", le.key, err)
+	}
+	le.mu.Lock()
+	lost := le.err != nil
+	if !lost {
+		le.ttl = granted
+		le.deadline = start.Add(granted - le.l.margin(granted))
+		le.timer.Reset(time.Until(le.deadline))
+	}
+	le.mu.Unlock()
+	if lost {
+		// The deadline passed while the refresh was in flight, and Done
+		// has fired: give back what the server just extended.
+		_ = le.bl.Release(ctx)
+		return opErr("refresh", le.key, notHeld(le.Err()))
+	}
+	return nil
+}
+
+// Release gives the lock up. Releasing a lease that is no longer held
+// (released before, lost, or released by Close) returns an error matching
+// ErrNotHeld and touches no other holder's lock. If the backend cannot be
+// reached the error matches ErrUnavailable and the lease stays as it was, so
+// Release can be tried again; the lock otherwise ends with its TTL.
+func (le *Lease) Release(ctx context.Context) error {
+	if err := le.release(ctx, fmt.Errorf("%w: released", ErrNotHeld)); err != nil {
+		return opErr("release", le.key, err)
+	}
+	return nil
+}
+
+// release gives the lock back and ends the lease with reason.
+func (le *Lease) release(ctx context.Context, reason error) error {
+	le.opMu.Lock()
+	defer le.opMu.Unlock()
+	if err := le.Err(); err != nil {
+		if errors.Is(err, ErrLeaseLost) {
+			// Lost by our own deadline: the key may still be ours on
+			// the server for the drift margin. Free it for others.
+			_ = le.bl.Release(ctx)
+			le.markReleased()
+		}
+		return notHeld(err)
+	}
+	err := le.bl.Release(ctx)
+	switch {
+	case err == nil:
+		le.end(reason)
+		le.markReleased()
+		return nil
+	case errors.Is(err, ErrNotHeld):
+		le.end(fmt.Errorf("%w: release found the lock no longer ours", ErrLeaseLost))
+		le.markReleased()
+		return err
+	default:
+		return err
+	}
+}
+
+// markReleased ensures bl.Release is not called again, as backend requires.
+func (le *Lease) markReleased() { le.bl = releasedLease{le.bl} }
+
+// notHeld turns the reason a lease ended into the error of a later Release or
+// Refresh: it matches ErrNotHeld and the reason.
+func notHeld(reason error) error {
+	if errors.Is(reason, ErrNotHeld) {
+		return reason
+	}
+	return fmt.Errorf("%w: %w", ErrNotHeld, reason)
+}
+
+// end ends the lease once, with err as the reason.
+func (le *Lease) end(err error) {
+	le.mu.Lock()
+	if le.err != nil {
+		le.mu.Unlock()
+		return
+	}
+	le.err = err
+	le.timer.Stop()
+	le.mu.Unlock()
+	le.stopBG()
+	close(le.done)
+	le.l.mu.Lock()
+	delete(le.l.leases, le)
+	le.l.mu.Unlock()
+}
+
+// checkDeadline runs when the deadline timer fires.
+func (le *Lease) checkDeadline() {
+	le.mu.Lock()
+	expired := le.err == nil && !time.Now().Before(le.deadline)
+	le.mu.Unlock()
+	if expired {
+		le.end(fmt.Errorf("%w: deadline passed without a refresh", ErrLeaseLost))
+	}
+}
+
+func (le *Lease) watchLoss(ctx context.Context, n backend.LossNotifier) {
+	select {
+	case <-n.Lost():
+		le.end(n.LostErr())
+	case <-ctx.Done():
+	}
+}
+
+// watchdog refreshes the lease every ttl/3 (sooner after a failed refresh),
+// never past maxUntil.
+func (le *Lease) watchdog(ctx context.Context, ttl time.Duration, maxUntil time.Time) {
+	interval := ttl / 3
+	t := time.NewTimer(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		next := min(ttl, time.Until(maxUntil))
+		if le.l.checkTTL(next) != nil {
+			// MaxHold reached: let the lease run out.
+			return
+		}
+		err := le.refresh(ctx, next)
+		switch {
+		case err == nil:
+			t.Reset(interval)
+		case errors.Is(err, ErrNotHeld) || ctx.Err() != nil:
+			return
+		default:
+			le.l.log.Warn("dlock: background refresh failed; retrying", "key", le.key, "err", err)
+			t.Reset(interval / 3)
+		}
+	}
+}
+
+// releasedLease stands in for a backend lease after its Release returned, so
+// that the backend is never called again for it.
+type releasedLease struct{ backend.Lease }
+
+func (releasedLease) Refresh(context.Context, time.Duration) (time.Duration, error) {
+	return 0, fmt.Errorf("%w: released", ErrNotHeld)
+}
+
+func (releasedLease) Release(context.Context) error { return fmt.Errorf("%w: released", ErrNotHeld) }

@@ -1,0 +1,374 @@
+// Package dlock gives every distributed-lock backend one shape: acquire a
+// lease on a key, get a fencing token with it, learn promptly when the lease
+// is lost, and release it.
+//
+//	locker, err := dlock.Open(ctx, "redis://localhost:6379?ttl=10s") // or etcd://, zk://, mem://
+//	lease, err := locker.Acquire(ctx, "orders/42", nil)
+//	defer lease.Release(ctx)
+//	ctx, cancel := lease.Context(ctx) // cancelled if the lease is lost
+//	defer cancel()
+//	err = store.Write(ctx, data, lease.Token()) // the resource rejects stale tokens
+//
+// A *Locker wraps one backend (see package backend for the driver interface
+// and the backend packages redis, memory, ...). The Locker owns what must
+// behave the same everywhere: key and TTL validation before any I/O, the
+// one retry/wait loop, automatic refresh with a bound on total hold time,
+// the lease-lost signal, the closed state, and errors that name the
+// operation and key.
+//
+// A lock is only as safe as the backend's [Guarantees] say. A lease can be
+// lost without the holder noticing in time (a process pause, a clock jump,
+// a slow network): Done may fire late. Only a resource that checks the
+// fencing token ([Lease.Token]) is safe against a holder that no longer
+// holds the lock.
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+// Token is a fencing token: it increases strictly per key from one holder to
+// the next (as far as the backend's [Guarantees].Fencing promises). 0 means
+// the backend issues none.
+type Token uint64
+
+// Guarantees is what a backend promises; see [backend.Guarantees].
+type Guarantees = backend.Guarantees
+
+// FencingGrade says how far tokens can be trusted; see [backend.FencingGrade].
+type FencingGrade = backend.FencingGrade
+
+// The fencing grades.
+const (
+	FencingNone       = backend.FencingNone
+	FencingBestEffort = backend.FencingBestEffort
+	FencingConsensus  = backend.FencingConsensus
+)
+
+// MaxKeyLen is the longest key, in bytes, that dlock accepts.
+const MaxKeyLen = backend.MaxKeyLen
+
+// MinTTL is the shortest lease dlock grants on any backend: below it the
+// safety margin of Lease.Deadline would eat the whole lease. Backends may
+// have a higher floor.
+const MinTTL = 10 * time.Millisecond
+
+// Defaults used where Options or AcquireOptions leave a field zero.
+const (
+	DefaultTTL         = 30 * time.Second
+	DefaultRetryMin    = 5 * time.Millisecond
+	DefaultRetryMax    = 500 * time.Millisecond
+	DefaultDriftFactor = 0.01
+	// DefaultMaxHoldFactor: with AutoRefresh and no MaxHold, the total hold
+	// time is bounded by this many TTLs.
+	DefaultMaxHoldFactor = 10
+)
+
+// Options configure a Locker. A nil *Options means all defaults.
+type Options struct {
+	// TTL is the lease time for acquires that do not set one.
+	// Default DefaultTTL (30 s).
+	TTL time.Duration
+	// RetryMin and RetryMax bound the jittered, exponentially growing delay
+	// between attempts of Acquire on a backend that cannot tell waiters
+	// when a key is freed. The delay never exceeds the holder's remaining
+	// lease when the backend reports it. On a backend that wakes waiters,
+	// RetryMax is the fallback poll interval. Defaults DefaultRetryMin
+	// (5 ms) and DefaultRetryMax (500 ms).
+	RetryMin, RetryMax time.Duration
+	// DriftFactor is the share of a TTL assumed lost to clock drift between
+	// this process and the servers: Lease.Deadline is the time the grant was
+	// requested plus TTL minus TTL×DriftFactor minus 2 ms.
+	// Default DefaultDriftFactor (0.01).
+	DriftFactor float64
+	// Logger receives warnings (failed background refreshes, failed
+	// releases at Close). Default slog.Default().
+	Logger *slog.Logger
+}
+
+// AcquireOptions configure one acquire. A nil *AcquireOptions means all
+// defaults.
+type AcquireOptions struct {
+	// TTL is the lease time asked of the server. Default: the Locker's TTL.
+	TTL time.Duration
+	// AutoRefresh starts a watchdog that refreshes the lease every TTL/3
+	// until it is released, lost, or MaxHold is reached. Default false.
+	AutoRefresh bool
+	// MaxHold bounds the total time an auto-refreshed lease is held,
+	// counted from the acquire: the watchdog never extends the lease past
+	// it, so a stuck holder cannot keep the lock forever; the lease then
+	// expires and Done fires. Default DefaultMaxHoldFactor × TTL. Ignored
+	// without AutoRefresh.
+	MaxHold time.Duration
+}
+
+// Locker takes leases on keys from one backend. It is safe for concurrent use.
+// Several Lockers on the same servers (in one process or many) exclude each
+// other per key.
+type Locker struct {
+	drv    backend.Driver
+	limits backend.Limits
+	opts   Options
+	log    *slog.Logger
+
+	mu       sync.Mutex
+	closed   bool
+	closedCh chan struct{}
+	inflight sync.WaitGroup
+	leases   map[*Lease]struct{}
+}
+
+// New returns a Locker over the backend driver d. Backend packages offer
+// constructors that call it (for example redis.New); use New directly only
+// to wrap a driver of your own.
+func New(d backend.Driver, opts *Options) *Locker {
+	l := &Locker{drv: d, limits: d.Limits(), closedCh: make(chan struct{}), leases: map[*Lease]struct{}{}}
+	if opts != nil {
+		l.opts = *opts
+	}
+	o := &l.opts
+	if o.TTL <= 0 {
+		o.TTL = DefaultTTL
+	}
+	if o.RetryMin <= 0 {
+		o.RetryMin = DefaultRetryMin
+	}
+	if o.RetryMax <= 0 {
+		o.RetryMax = DefaultRetryMax
+	}
+	if o.RetryMax < o.RetryMin {
+		o.RetryMax = o.RetryMin
+	}
+	if o.DriftFactor <= 0 {
+		o.DriftFactor = DefaultDriftFactor
+	}
+	l.log = o.Logger
+	if l.log == nil {
+		l.log = slog.Default()
+	}
+	return l
+}
+
+// Guarantees reports what the backend promises.
+func (l *Locker) Guarantees() Guarantees { return l.drv.Guarantees() }
+
+// As lets a caller reach the backend's own types: it sets *target and
+// reports true when the backend driver supports the target's type (each
+// backend documents which), for example a *goredis.UniversalClient. It
+// reports false otherwise.
+func (l *Locker) As(target any) bool {
+	if a, ok := l.drv.(interface{ As(any) bool }); ok {
+		return a.As(target)
+	}
+	return false
+}
+
+// Acquire takes the lock on key, waiting while another holder has it, until
+// it is held, ctx ends, the Locker is closed, or the backend fails. When ctx
+// ends first the error matches both ErrNotAcquired and ctx.Err(), and nothing
+// is left behind on the server.
+func (l *Locker) Acquire(ctx context.Context, key string, opts *AcquireOptions) (*Lease, error) {
+	return l.acquire(ctx, "acquire", key, opts, true)
+}
+
+// TryAcquire makes one attempt: it returns ErrNotAcquired at once if the key
+// is held elsewhere.
+func (l *Locker) TryAcquire(ctx context.Context, key string, opts *AcquireOptions) (*Lease, error) {
+	return l.acquire(ctx, "try-acquire", key, opts, false)
+}
+
+func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptions, wait bool) (*Lease, error) {
+	var ao AcquireOptions
+	if opts != nil {
+		ao = *opts
+	}
+	if err := l.check(key, &ao); err != nil {
+		return nil, opErr(op, key, err)
+	}
+	if err := l.enter(); err != nil {
+		return nil, opErr(op, key, err)
+	}
+	defer l.inflight.Done()
+
+	var (
+		wake      <-chan struct{}
+		stopWatch func()
+	)
+	waiter, _ := l.drv.(backend.Waiter)
+	defer func() {
+		if stopWatch != nil {
+			stopWatch()
+		}
+	}()
+	for attempt := 0; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return nil, opErr(op, key, cancelled(ctx))
+		}
+		lease, err := l.try(ctx, key, &ao)
+		if err == nil {
+			return lease, nil
+		}
+		if ctx.Err() != nil && wait {
+			return nil, opErr(op, key, cancelled(ctx))
+		}
+		if !wait || !errors.Is(err, ErrNotAcquired) {
+			return nil, opErr(op, key, err)
+		}
+		var held *backend.HeldError
+		var retryAfter time.Duration
+		if errors.As(err, &held) {
+			retryAfter = held.RetryAfter
+		}
+		if waiter != nil && wake == nil {
+			ch, stop, werr := waiter.Watch(ctx, key)
+			if werr != nil {
+				if ctx.Err() != nil {
+					return nil, opErr(op, key, cancelled(ctx))
+				}
+				return nil, opErr(op, key, werr)
+			}
+			wake, stopWatch = ch, stop
+			// Try again at once: the key may have been freed before
+			// the watch was in force.
+			continue
+		}
+		t := time.NewTimer(l.retryDelay(attempt, retryAfter, wake != nil))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, opErr(op, key, cancelled(ctx))
+		case <-l.closedCh:
+			t.Stop()
+			return nil, opErr(op, key, ErrClosed)
+		case <-wake:
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// check validates key and options before any I/O and fills in defaults.
+func (l *Locker) check(key string, ao *AcquireOptions) error {
+	if err := l.checkKey(key); err != nil {
+		return err
+	}
+	if ao.TTL == 0 {
+		ao.TTL = l.opts.TTL
+	}
+	if err := l.checkTTL(ao.TTL); err != nil {
+		return err
+	}
+	if ao.MaxHold < 0 {
+		return fmt.Errorf("%w: MaxHold %v is negative", ErrInvalidConfig, ao.MaxHold)
+	}
+	if ao.AutoRefresh && ao.MaxHold == 0 {
+		ao.MaxHold = DefaultMaxHoldFactor * ao.TTL
+	}
+	return nil
+}
+
+func (l *Locker) checkKey(key string) error {
+	if err := backend.ValidateKey(key); err != nil {
+		return err
+	}
+	return l.drv.ValidateKey(key)
+}
+
+func (l *Locker) checkTTL(ttl time.Duration) error {
+	floor := max(MinTTL, l.limits.MinTTL)
+	switch {
+	case ttl < 0:
+		return fmt.Errorf("%w: %v is negative", ErrInvalidTTL, ttl)
+	case ttl < floor:
+		return fmt.Errorf("%w: %v is below the floor of %v", ErrInvalidTTL, ttl, floor)
+	case l.limits.MaxTTL > 0 && ttl > l.limits.MaxTTL:
+		return fmt.Errorf("%w: %v is above the backend's ceiling of %v", ErrInvalidTTL, ttl, l.limits.MaxTTL)
+	}
+	return nil
+}
+
+// enter registers an operation in flight, or returns ErrClosed. The caller
+// calls l.inflight.Done when the operation ends.
+func (l *Locker) enter() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	l.inflight.Add(1)
+	return nil
+}
+
+// try makes one attempt and wraps a grant in a Lease.
+func (l *Locker) try(ctx context.Context, key string, ao *AcquireOptions) (*Lease, error) {
+	start := time.Now()
+	bl, err := l.drv.TryAcquire(ctx, key, ao.TTL)
+	if err != nil {
+		return nil, err
+	}
+	return l.newLease(key, bl, start, ao)
+}
+
+// retryDelay is the wait before the next attempt: jittered exponential
+// backoff from RetryMin to RetryMax, never longer than the holder's remaining
+// lease (when known). While a backend watch is in force the watch wakes us,
+// and the delay is only the fallback poll.
+func (l *Locker) retryDelay(attempt int, remaining time.Duration, watching bool) time.Duration {
+	d := l.opts.RetryMax
+	if !watching && attempt < 20 {
+		d = min(l.opts.RetryMin<<attempt, l.opts.RetryMax)
+	}
+	if remaining > 0 && remaining < d {
+		// The key expires by then: try right after.
+		return remaining + time.Millisecond
+	}
+	// Full jitter in [d/2, d): competing waiters spread out.
+	return d/2 + rand.N(d/2+1)
+}
+
+// margin is the part of a TTL not trusted, for drift between clocks.
+func (l *Locker) margin(ttl time.Duration) time.Duration {
+	return time.Duration(float64(ttl)*l.opts.DriftFactor) + 2*time.Millisecond
+}
+
+// Close releases every lease still held through this Locker (each bounded by
+// a short timeout; failures are logged), ends waits in progress with
+// ErrClosed, and closes the backend. Further calls return ErrClosed. Close
+// is idempotent: a second call returns nil.
+func (l *Locker) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	close(l.closedCh)
+	leases := make([]*Lease, 0, len(l.leases))
+	for le := range l.leases {
+		leases = append(leases, le)
+	}
+	l.mu.Unlock()
+
+	for _, le := range leases {
+		ctx, cancel := context.WithTimeout(context.Background(), closeReleaseTimeout)
+		if err := le.release(ctx, ErrClosed); err != nil && !errors.Is(err, ErrNotHeld) {
+			l.log.Warn("dlock: release at close failed; the lock stays until its TTL ends", "key", le.key, "err", err)
+		}
+		cancel()
+	}
+	l.inflight.Wait()
+	if err := l.drv.Close(); err != nil {
+		return opErr("close", "", err)
+	}
+	return nil
+}
+
+const closeReleaseTimeout = 5 * time.Second

@@ -1,0 +1,244 @@
+// Package memory is an in-process dlock backend: the reference
+// implementation of the driver interface, and a stand-in for a real backend
+// in unit tests of code that takes a *dlock.Locker (as gocloud's memblob is
+// for blobs).
+//
+// Lockers made on the same *Store exclude each other; a Store lives in this
+// process only, so it is no distributed lock. Expiry runs on this process's
+// monotonic clock, and tokens come from one counter per key that never goes
+// back: within the process, fencing is exact.
+//
+// URL: "mem://" opens the process-wide default store; "mem://NAME" a named
+// store, created on first use and shared by every Open of the same name. No
+// parameters besides dlock's own (ttl).
+package memory
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+)
+
+func init() { dlock.Register("mem", open) }
+
+var (
+	namedMu sync.Mutex
+	named   = map[string]*Store{}
+)
+
+func open(_ context.Context, u *url.URL) (backend.Driver, error) {
+	if len(u.Query()) > 0 {
+		return nil, fmt.Errorf("%w: mem:// takes no parameters but ttl, got %q", backend.ErrInvalidConfig, u.RawQuery)
+	}
+	if u.Path != "" && u.Path != "/" || u.User != nil || u.Port() != "" {
+		return nil, fmt.Errorf("%w: mem:// takes a store name only, as in mem://NAME", backend.ErrInvalidConfig)
+	}
+	namedMu.Lock()
+	defer namedMu.Unlock()
+	s, ok := named[u.Host]
+	if !ok {
+		s = NewStore()
+		named[u.Host] = s
+	}
+	return NewDriver(s), nil
+}
+
+// Store holds the locks. Its zero value is not usable; call NewStore.
+type Store struct {
+	mu       sync.Mutex
+	locks    map[string]*grant
+	tokens   map[string]uint64
+	watchers map[string]map[chan struct{}]struct{}
+}
+
+type grant struct {
+	token   uint64
+	expires time.Time
+	lost    chan struct{}
+	reason  error
+}
+
+// NewStore returns an empty store.
+func NewStore() *Store {
+	return &Store{
+		locks:    map[string]*grant{},
+		tokens:   map[string]uint64{},
+		watchers: map[string]map[chan struct{}]struct{}{},
+	}
+}
+
+// New returns a Locker on s. Lockers on one store contend for the same keys.
+func New(s *Store, opts *dlock.Options) *dlock.Locker { return dlock.New(NewDriver(s), opts) }
+
+// Expire drops the lock on key at once, as if its TTL had run out, and
+// reports whether one was held. The holder's lease learns of it (its Done
+// fires). For tests of lease loss.
+func (s *Store) Expire(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.current(key, time.Now())
+	if g == nil {
+		return false
+	}
+	s.drop(key, g, fmt.Errorf("%w: expired by Store.Expire", backend.ErrLeaseLost))
+	return true
+}
+
+// Held reports whether a lock on key is held now.
+func (s *Store) Held(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.current(key, time.Now()) != nil
+}
+
+// Waiters reports how many watches on key are in force (waiting Acquires).
+func (s *Store) Waiters(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.watchers[key])
+}
+
+// current returns the live grant on key, dropping an expired one. s.mu is held.
+func (s *Store) current(key string, now time.Time) *grant {
+	g := s.locks[key]
+	if g != nil && !now.Before(g.expires) {
+		s.drop(key, g, fmt.Errorf("%w: TTL ran out", backend.ErrLeaseLost))
+		return nil
+	}
+	return g
+}
+
+// drop removes g, tells its holder why (a nil reason: released), and wakes
+// the watchers of key. s.mu is held.
+func (s *Store) drop(key string, g *grant, reason error) {
+	delete(s.locks, key)
+	if reason != nil {
+		g.reason = reason
+		close(g.lost)
+	}
+	for ch := range s.watchers[key] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Driver is the backend.Driver of a Store.
+type Driver struct{ s *Store }
+
+// NewDriver returns a driver on s.
+func NewDriver(s *Store) *Driver { return &Driver{s: s} }
+
+// ValidateKey accepts every key dlock accepts.
+func (d *Driver) ValidateKey(string) error { return nil }
+
+// Limits: any TTL of a millisecond or more.
+func (d *Driver) Limits() backend.Limits { return backend.Limits{MinTTL: time.Millisecond} }
+
+// Guarantees: exact fencing within one process; no fault tolerance (there
+// is nothing to fail but the process); no FIFO order; no clock assumptions
+// (one monotonic clock serves holder and store).
+func (d *Driver) Guarantees() backend.Guarantees {
+	return backend.Guarantees{
+		Fencing: backend.FencingConsensus,
+		Notes:   "in-process only: locks are shared by Lockers on one Store, never between processes",
+	}
+}
+
+// Close does nothing: the store lives on for other drivers.
+func (d *Driver) Close() error { return nil }
+
+// TryAcquire implements backend.Driver.
+func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %w", backend.ErrUnavailable, err)
+	}
+	s := d.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	if g := s.current(key, now); g != nil {
+		return nil, &backend.HeldError{RetryAfter: g.expires.Sub(now)}
+	}
+	s.tokens[key]++
+	g := &grant{token: s.tokens[key], expires: now.Add(ttl), lost: make(chan struct{})}
+	s.locks[key] = g
+	return &lease{s: s, key: key, g: g, ttl: ttl}, nil
+}
+
+// Watch implements backend.Waiter.
+func (d *Driver) Watch(_ context.Context, key string) (<-chan struct{}, func(), error) {
+	s := d.s
+	ch := make(chan struct{}, 1)
+	s.mu.Lock()
+	if s.watchers[key] == nil {
+		s.watchers[key] = map[chan struct{}]struct{}{}
+	}
+	s.watchers[key][ch] = struct{}{}
+	s.mu.Unlock()
+	return ch, func() {
+		s.mu.Lock()
+		delete(s.watchers[key], ch)
+		if len(s.watchers[key]) == 0 {
+			delete(s.watchers, key)
+		}
+		s.mu.Unlock()
+	}, nil
+}
+
+type lease struct {
+	s   *Store
+	key string
+	g   *grant
+	ttl time.Duration
+}
+
+func (l *lease) Token() uint64      { return l.g.token }
+func (l *lease) TTL() time.Duration { return l.ttl }
+
+// ours reports whether l's grant is the live one. s.mu is held.
+func (l *lease) ours(now time.Time) bool { return l.s.current(l.key, now) == l.g }
+
+func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("%w: %w", backend.ErrUnavailable, err)
+	}
+	l.s.mu.Lock()
+	defer l.s.mu.Unlock()
+	now := time.Now()
+	if !l.ours(now) {
+		return 0, fmt.Errorf("%w: the lock is gone or has another holder", backend.ErrNotHeld)
+	}
+	l.g.expires = now.Add(ttl)
+	l.ttl = ttl
+	return ttl, nil
+}
+
+func (l *lease) Release(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w: %w", backend.ErrUnavailable, err)
+	}
+	l.s.mu.Lock()
+	defer l.s.mu.Unlock()
+	if !l.ours(time.Now()) {
+		return fmt.Errorf("%w: the lock is gone or has another holder", backend.ErrNotHeld)
+	}
+	l.s.drop(l.key, l.g, nil)
+	return nil
+}
+
+// Lost implements backend.LossNotifier: closed when the store drops the grant
+// other than by Release (Expire, or the TTL ran out and someone looked).
+func (l *lease) Lost() <-chan struct{} { return l.g.lost }
+
+func (l *lease) LostErr() error {
+	l.s.mu.Lock()
+	defer l.s.mu.Unlock()
+	return l.g.reason
+}
