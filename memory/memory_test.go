@@ -1,7 +1,10 @@
 package memory_test
 
 import (
+	"time"
+
 	"context"
+	"github.com/dlock-go/dlock/backend"
 	"testing"
 
 	"github.com/dlock-go/dlock"
@@ -29,5 +32,39 @@ func (h harness) Close() {}
 func TestConformance(t *testing.T) {
 	conformance.Run(t, func(context.Context, *testing.T) (conformance.Harness, error) {
 		return harness{memory.NewStore()}, nil
+	})
+}
+
+// plainDriver hides the memory driver's optional interfaces, so the suite
+// also covers the dlock layer's polling loop and its deadline-based loss
+// detection, as a backend without wake-ups or loss notification gets them.
+type plainDriver struct{ backend.Driver }
+
+func (d plainDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+	l, err := d.Driver.TryAcquire(ctx, key, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return plainLease{l}, nil
+}
+
+type plainLease struct{ backend.Lease }
+
+type plainHarness struct{ harness }
+
+func (h plainHarness) NewLocker(_ context.Context, opts *dlock.Options) (*dlock.Locker, error) {
+	return dlock.New(plainDriver{memory.NewDriver(h.s)}, opts), nil
+}
+
+func TestConformancePolling(t *testing.T) {
+	var _ backend.Waiter = memory.NewDriver(nil)
+	if _, ok := any(plainDriver{}).(backend.Waiter); ok {
+		t.Fatal("plainDriver must not be a Waiter")
+	}
+	if _, ok := any(plainLease{}).(backend.LossNotifier); ok {
+		t.Fatal("plainLease must not be a LossNotifier")
+	}
+	conformance.Run(t, func(context.Context, *testing.T) (conformance.Harness, error) {
+		return plainHarness{harness{memory.NewStore()}}, nil
 	})
 }

@@ -1,0 +1,69 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/memory"
+)
+
+func Example() {
+	ctx := context.Background()
+	// "mem://" is the in-process backend; "redis://localhost:6379" would
+	// use a Redis server with the same code.
+	locker, err := dlock.Open(ctx, "mem://example?ttl=10s")
+	if err != nil {
+		panic(err)
+	}
+	defer locker.Close()
+
+	lease, err := locker.Acquire(ctx, "orders/42", nil)
+	if err != nil {
+		panic(err)
+	}
+	// Hand the token to the resource with each write; it rejects a write
+	// whose token is lower than one it has seen.
+	fmt.Println("held", lease.Key(), "with token", lease.Token())
+	if err := lease.Release(ctx); err != nil {
+		panic(err)
+	}
+	// Output: held orders/42 with token 1
+}
+
+func ExampleLocker_TryAcquire() {
+	ctx := context.Background()
+	store := memory.NewStore()
+	a, b := memory.New(store, nil), memory.New(store, nil)
+	defer a.Close()
+	defer b.Close()
+
+	lease, _ := a.TryAcquire(ctx, "report", &dlock.AcquireOptions{TTL: time.Minute})
+	_, err := b.TryAcquire(ctx, "report", nil)
+	fmt.Println(errors.Is(err, dlock.ErrNotAcquired), err)
+
+	_ = lease.Release(ctx)
+	lease, _ = b.TryAcquire(ctx, "report", nil)
+	fmt.Println("b holds it, token", lease.Token())
+	// Output:
+	// true dlock: try-acquire "report": lock not acquired: held by another holder
+	// b holds it, token 2
+}
+
+func ExampleLease_Context() {
+	ctx := context.Background()
+	store := memory.NewStore()
+	locker := memory.New(store, nil)
+	defer locker.Close()
+
+	lease, _ := locker.Acquire(ctx, "job", &dlock.AcquireOptions{TTL: time.Minute, AutoRefresh: true})
+	work, cancel := lease.Context(ctx) // ends when the lease is lost
+	defer cancel()
+
+	store.Expire("job") // the server drops the lock (in a test; in life: a partition, a pause)
+	<-work.Done()
+	fmt.Println(context.Cause(work))
+	// Output: dlock: lease lost: expired by Store.Expire
+}
