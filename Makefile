@@ -1,0 +1,26 @@
+# dlock developer targets. `make test` is the one test command (CI runs it).
+
+GO ?= go
+
+.PHONY: test lint bench
+
+# Run every test against real servers; scripts/test.sh provides Docker and the
+# server images (stand-ins built from Debian packages where none can be pulled).
+# Extra go test arguments: make test ARGS='-run TestX ./redis/'
+test:
+	scripts/test.sh $(ARGS)
+
+# gofmt, go vet, and a guard: the library's non-test code must not depend on
+# the test server package (conformance/servers, testcontainers-go).
+lint:
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Deps " "}}' ./... | \
+		grep -v '^github.com/dlock-go/dlock/conformance/servers:' | \
+		grep -E ' (github.com/dlock-go/dlock/conformance/servers|github.com/testcontainers/testcontainers-go)( |$$)' | cut -d: -f1); \
+	if [ -n "$$bad" ]; then echo "non-test code depends on conformance/servers or testcontainers-go:"; echo "$$bad"; exit 1; fi
+
+# Benchmarks against real servers (same setup as test).
+# Extra arguments: make bench ARGS='-bench Lock ./redis/'
+bench:
+	eval "$$(scripts/test.sh --setup-only)" && $(GO) test -run '^$$' -bench . -benchmem $(or $(ARGS),./...)

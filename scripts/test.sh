@@ -1,0 +1,298 @@
+#!/usr/bin/env bash
+# scripts/test.sh — the one test command for dlock (`make test` runs it).
+#
+# It makes real servers available and then runs `go test -race -count=1`:
+#
+#   1. installs missing Debian packages when running as root (docker.io,
+#      and debootstrap only when a stand-in image must be built);
+#   2. starts a Docker engine (dockerd --iptables=false) if none answers;
+#      the engine is left running for later runs;
+#   3. for every server image the tests use (DLOCK_REDIS_IMAGE, default
+#      redis:7.2): uses it if present, else tries `docker pull`, else builds a
+#      stand-in image from Debian packages (debootstrap + docker import) and
+#      tags it with the configured name;
+#   4. when a stand-in is in use, selects host networking and disables Ryuk
+#      (DLOCK_TEST_NETWORK=host, TESTCONTAINERS_RYUK_DISABLED=true) unless the
+#      caller already chose;
+#   5. exports DLOCK_REQUIRE_SERVERS=1 so no server test skips silently.
+#
+# Usage:
+#   scripts/test.sh                      # go test -race -count=1 ./...
+#   scripts/test.sh -run X ./redis/      # extra go test args pass through
+#   scripts/test.sh --setup-only         # steps 1-5 only; prints the env to export
+#
+# Knobs (environment): DLOCK_REDIS_IMAGE, DLOCK_TEST_NETWORK,
+# DLOCK_REQUIRE_SERVERS, TESTCONTAINERS_RYUK_DISABLED, DLOCK_CACHE_DIR
+# (stand-in rootfs cache; default /var/cache/dlock as root, else
+# ~/.cache/dlock), DLOCK_DEBIAN_MIRROR (default: read from the apt sources),
+# DLOCK_DEBIAN_SUITE (default: this host's codename, else bookworm),
+# DLOCK_DOCKERD_LOG (default /tmp/dlock-dockerd.log), DLOCK_PULL_TIMEOUT
+# (seconds, default 60).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+note() { printf '    %s\n' "$*" >&2; }
+die() { printf '\nscripts/test.sh: error: %s\n' "$*" >&2; exit 1; }
+
+is_root() { [ "$(id -u)" -eq 0 ]; }
+
+setup_only=false
+if [ "${1:-}" = "--setup-only" ]; then
+	setup_only=true
+	shift
+fi
+
+# ---------------------------------------------------------------------------
+# Debian packages
+
+apt_updated=false
+apt_install() { # apt_install PKG... : install the packages, as root, via apt.
+	is_root || die "need Debian package(s) $* but not running as root; install them first"
+	command -v apt-get >/dev/null || die "need $* but apt-get is not available; install them first"
+	if ! $apt_updated; then
+		note "apt-get update"
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+		apt_updated=true
+	fi
+	note "apt-get install $*"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2
+}
+
+step "Checking tools"
+command -v go >/dev/null || die "the go command is not on PATH"
+need=()
+command -v docker >/dev/null || need+=(docker.io)
+if ! command -v gcc >/dev/null; then # go test -race needs cgo
+	need+=(gcc libc6-dev)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+	apt_install "${need[@]}"
+fi
+note "go: $(go version)"
+note "docker: $(docker --version)"
+
+# ---------------------------------------------------------------------------
+# Docker engine
+
+step "Checking the Docker engine"
+if docker info >/dev/null 2>&1; then
+	note "a Docker engine is reachable"
+else
+	command -v dockerd >/dev/null || apt_install docker.io
+	is_root || die "no Docker engine is reachable and starting one (dockerd) needs root"
+	log=${DLOCK_DOCKERD_LOG:-/tmp/dlock-dockerd.log}
+	note "starting dockerd --iptables=false (log: $log)"
+	# setsid + nohup: the engine outlives this script so later runs reuse it.
+	setsid nohup dockerd --iptables=false >"$log" 2>&1 </dev/null &
+	dockerd_pid=$!
+	echo "$dockerd_pid" >/tmp/dlock-dockerd.pid
+	ok=false
+	for _ in $(seq 1 60); do
+		if docker info >/dev/null 2>&1; then
+			ok=true
+			break
+		fi
+		kill -0 "$dockerd_pid" 2>/dev/null || break
+		sleep 1
+	done
+	if ! $ok; then
+		tail -n 30 "$log" >&2 || true
+		die "dockerd did not become ready within 60s (log: $log)"
+	fi
+	note "dockerd is ready (pid $dockerd_pid, log $log); it is left running"
+fi
+
+# ---------------------------------------------------------------------------
+# Server images
+
+standin_label=org.dlock.standin
+if is_root; then
+	cache_dir=${DLOCK_CACHE_DIR:-/var/cache/dlock}
+else
+	cache_dir=${DLOCK_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dlock}
+fi
+
+host_codename() {
+	local c=""
+	if [ -r /etc/os-release ]; then
+		c=$(. /etc/os-release && [ "${ID:-}" = debian ] && echo "${VERSION_CODENAME:-}") || true
+	fi
+	echo "${c:-bookworm}"
+}
+
+# debian_mirror prints the Debian archive URL apt on this host uses for the
+# main suite (deb822 .sources files first, then one-line sources.list).
+debian_mirror() {
+	if [ -n "${DLOCK_DEBIAN_MIRROR:-}" ]; then
+		echo "$DLOCK_DEBIAN_MIRROR"
+		return
+	fi
+	local f url
+	for f in /etc/apt/sources.list.d/*.sources; do
+		[ -r "$f" ] || continue
+		url=$(awk '
+			BEGIN { RS = ""; FS = "\n" }   # paragraphs
+			{
+				uris = ""; suites = ""; types = ""
+				for (i = 1; i <= NF; i++) {
+					if ($i ~ /^URIs:/)   { uris = $i;   sub(/^URIs:[ \t]*/, "", uris) }
+					if ($i ~ /^Suites:/) { suites = $i; sub(/^Suites:[ \t]*/, "", suites) }
+					if ($i ~ /^Types:/)  { types = $i }
+				}
+				if (types ~ /deb( |$)/ && uris != "" && suites !~ /-security/) {
+					split(uris, u, /[ \t]+/); print u[1]; exit
+				}
+			}' "$f")
+		if [ -n "$url" ]; then
+			echo "$url"
+			return
+		fi
+	done
+	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+		[ -r "$f" ] || continue
+		url=$(awk '$1 == "deb" && $0 !~ /security/ {
+			for (i = 2; i <= NF; i++) if ($i !~ /^\[/ && $i !~ /\]$/) { print $i; exit }
+		}' "$f")
+		if [ -n "$url" ]; then
+			echo "$url"
+			return
+		fi
+	done
+	return 1
+}
+
+# build_standin IMAGE PACKAGES: build IMAGE from Debian packages; the root
+# filesystem tarball is cached in $cache_dir, so only the first build pays
+# for debootstrap.
+build_standin() {
+	local image=$1 packages=$2
+	local suite=${DLOCK_DEBIAN_SUITE:-$(host_codename)}
+	local tarball="$cache_dir/rootfs-$suite-${packages//,/-}.tar"
+	if [ -s "$tarball" ]; then
+		note "reusing cached root filesystem $tarball"
+	else
+		is_root || die "image $image is missing and building a stand-in (debootstrap) needs root"
+		command -v debootstrap >/dev/null || apt_install debootstrap
+		local mirror
+		mirror=$(debian_mirror) || die "cannot find a Debian mirror in the apt sources; set DLOCK_DEBIAN_MIRROR"
+		mkdir -p "$cache_dir"
+		local rootfs="$cache_dir/rootfs-$suite-$$"
+		rm -rf "$rootfs"
+		note "debootstrap --variant=minbase --include=$packages $suite (takes a minute or two)"
+		local start=$SECONDS
+		if ! debootstrap --variant=minbase --include="$packages" "$suite" "$rootfs" "$mirror" \
+			>"$cache_dir/debootstrap.log" 2>&1; then
+			tail -n 30 "$cache_dir/debootstrap.log" >&2 || true
+			rm -rf "$rootfs"
+			die "debootstrap failed (log: $cache_dir/debootstrap.log)"
+		fi
+		rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* || true
+		tar -C "$rootfs" -cf "$tarball.tmp" .
+		mv "$tarball.tmp" "$tarball"
+		rm -rf "$rootfs"
+		note "built $tarball in $((SECONDS - start))s"
+	fi
+	docker import \
+		--change "LABEL $standin_label=$packages" \
+		--change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+		"$tarball" "$image" >/dev/null
+	note "imported stand-in image $image (Debian $suite: $packages)"
+}
+
+standin_used=false
+
+# ensure_image IMAGE PACKAGES: make IMAGE available locally.
+ensure_image() {
+	local image=$1 packages=$2
+	if docker image inspect "$image" >/dev/null 2>&1; then
+		if [ -n "$(docker image inspect -f "{{index .Config.Labels \"$standin_label\"}}" "$image" 2>/dev/null)" ]; then
+			note "$image: present (stand-in built from Debian packages)"
+			standin_used=true
+		else
+			note "$image: present"
+		fi
+		return
+	fi
+	note "$image: not present; trying docker pull (timeout ${DLOCK_PULL_TIMEOUT:-60}s)"
+	if timeout "${DLOCK_PULL_TIMEOUT:-60}" docker pull -q "$image" >/dev/null 2>&1; then
+		note "$image: pulled"
+		return
+	fi
+	note "$image: pull failed; building a stand-in from Debian packages"
+	build_standin "$image" "$packages"
+	standin_used=true
+}
+
+step "Checking server images"
+# One line per server kind: image, Debian packages for its stand-in.
+ensure_image "${DLOCK_REDIS_IMAGE:-redis:7.2}" redis-server
+
+# ---------------------------------------------------------------------------
+# Test environment
+
+step "Test environment"
+if $standin_used; then
+	# Stand-in images have no entrypoint and are run with host networking;
+	# the Ryuk reaper image cannot be pulled where stand-ins are needed.
+	export DLOCK_TEST_NETWORK=${DLOCK_TEST_NETWORK:-host}
+	export TESTCONTAINERS_RYUK_DISABLED=${TESTCONTAINERS_RYUK_DISABLED:-true}
+elif [ -z "${TESTCONTAINERS_RYUK_DISABLED:-}" ]; then
+	ryuk=testcontainers/ryuk:0.14.0
+	if ! docker image inspect "$ryuk" >/dev/null 2>&1 &&
+		! timeout "${DLOCK_PULL_TIMEOUT:-60}" docker pull -q "$ryuk" >/dev/null 2>&1; then
+		note "$ryuk is not available; disabling Ryuk"
+		export TESTCONTAINERS_RYUK_DISABLED=true
+	fi
+fi
+export DLOCK_REQUIRE_SERVERS=${DLOCK_REQUIRE_SERVERS:-1}
+# Containers started by this run carry this label; they are removed on exit
+# even if a test binary dies before cleaning up (Ryuk may be off).
+export DLOCK_TEST_RUN=${DLOCK_TEST_RUN:-run-$$-$RANDOM}
+for v in DLOCK_REDIS_IMAGE DLOCK_TEST_NETWORK TESTCONTAINERS_RYUK_DISABLED DLOCK_REQUIRE_SERVERS; do
+	if [ -n "${!v:-}" ]; then
+		note "$v=${!v}"
+	fi
+done
+
+if $setup_only; then
+	unset DLOCK_TEST_RUN
+	step "Setup done; to run tests by hand, export:"
+	for v in DLOCK_TEST_NETWORK TESTCONTAINERS_RYUK_DISABLED DLOCK_REQUIRE_SERVERS; do
+		[ -n "${!v:-}" ] && echo "export $v=${!v}"
+	done
+	exit 0
+fi
+
+cleanup() {
+	local ids
+	ids=$(docker ps -aq --filter "label=dlock.test.run=$DLOCK_TEST_RUN" 2>/dev/null) || return 0
+	if [ -n "$ids" ]; then
+		note "removing leftover test containers"
+		# shellcheck disable=SC2086
+		docker rm -f $ids >/dev/null 2>&1 || true
+	fi
+}
+trap cleanup EXIT
+
+# ---------------------------------------------------------------------------
+# Tests
+
+# Default to every package unless the arguments name one.
+have_pkg=false
+for a in "$@"; do
+	case $a in
+	./* | ../* | */... | github.com/*) have_pkg=true ;;
+	esac
+done
+if ! $have_pkg; then
+	set -- "$@" ./...
+fi
+
+step "go test -race -count=1 $*"
+start=$SECONDS
+status=0
+go test -race -count=1 "$@" || status=$?
+note "go test finished in $((SECONDS - start))s with status $status"
+exit "$status"
