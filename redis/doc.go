@@ -1,0 +1,112 @@
+// Package redis is the dlock backend for a single Redis deployment: one
+// server, a primary with replicas behind Sentinel, or a Redis Cluster, all
+// through a go-redis [goredis.UniversalClient].
+//
+//	client := goredis.NewClient(&goredis.Options{Addr: "localhost:6379"})
+//	locker, err := redis.New(ctx, client, nil)
+//
+// or, configuration-driven (the import registers the schemes "redis" and
+// "rediss"):
+//
+//	import _ "github.com/dlock-go/dlock/redis"
+//	locker, err := dlock.Open(ctx, "redis://:secret@localhost:6379/0?ttl=10s&prefix=app:")
+//
+// # What it is for
+//
+// This is an efficiency lock: it stops two processes from doing the same
+// work at the same time in normal operation, cheaply (one round trip to
+// acquire, one to release, waiters woken by pub/sub on release). It is NOT
+// safe for correctness. Redis replicates asynchronously, so a failover can
+// promote a replica that never saw a lock and grant it again; a server
+// restart without persistence forgets every lock; the lease is a TTL, so a
+// holder paused longer than its TTL (GC, swap, a stopped VM) or a server
+// clock that jumps forward can let two holders overlap. If a double holder
+// would corrupt data, use the etcd or zookeeper backend, and have the
+// protected resource check fencing tokens.
+//
+// # How it works
+//
+// A lock on key k lives at the Redis key Prefix+"{"+k+"}" (the braces make
+// a Cluster hash tag, so the lock key, its fencing counter
+// Prefix+"{"+k+"}:fence" and its release channel Prefix+"{"+k+"}:released"
+// all belong to one slot). Keys that begin with "}" are rejected (they would
+// make an empty hash tag), and so is a Prefix containing "{" or "}".
+//
+//   - Acquire is one EVALSHA of acquire.lua: SET key value NX PX ttl, and on
+//     success a fencing token bumped in the same script. The value is 16
+//     bytes from crypto/rand, unique per grant. When the key is held, the
+//     script returns its PTTL, which the dlock layer uses to bound its wait
+//     ([backend.HeldError]).
+//   - Release is one EVALSHA of release.lua: compare-and-delete, then
+//     PUBLISH on the key's release channel so that waiters wake at once.
+//   - Refresh is compare-and-PEXPIRE (refresh.lua); it never re-creates a
+//     key that is gone.
+//   - Waiting ([backend.Waiter]) uses one pub/sub connection per Driver,
+//     shared by all keys being waited on in this process.
+//
+// Scripts are loaded at [New] and run by EVALSHA, falling back to EVAL if the
+// server's script cache was flushed (a restart, a failover).
+//
+// # TTLs
+//
+// Redis expires keys in whole milliseconds. A TTL that is not a whole number
+// of milliseconds is truncated down to one (the conservative direction: the
+// lease never outlives what the holder believes), and the truncated value is
+// what [backend.Lease.TTL] and Refresh report. The shortest TTL is 1 ms; the
+// dlock layer may impose a higher floor.
+//
+// # Fencing tokens
+//
+// Each grant's token is max(counter+1, server time in microseconds), where
+// counter is the previous token for the key, stored at Prefix+"{"+k+"}:fence"
+// with no TTL (one small key per distinct lock name, kept forever so tokens
+// keep increasing; delete them yourself if you retire lock names). The
+// server time comes from TIME inside the script. Tokens therefore increase
+// strictly per key while the counter survives, and when the counter is lost
+// (a restart without persistence, a failover to a replica that had not yet
+// received the last grant, an eviction, a manual DEL) the next token is the
+// new server's clock in microseconds, which is still larger than every
+// earlier token unless that server's clock is behind the clock that issued
+// the last token by more than the real time elapsed since that grant (for
+// example a replica whose clock is 5 s slow, promoted less than 5 s after
+// the last grant, or an NTP step backwards). Only in that case can a token
+// repeat or go backwards. Hence [backend.FencingBestEffort].
+//
+// # Replication (WAIT)
+//
+// With [Options].WaitReplicas > 0, the acquire script and WAIT numreplicas
+// timeout go to the server in one pipeline on one connection (WAIT counts
+// acknowledgements of that connection's writes). If fewer replicas
+// acknowledge in time, the lock is released again and the acquire fails
+// with an error wrapping [backend.ErrUnavailable]. WAIT narrows, but does
+// not close, the failover window: Redis may still promote a replica that did
+// not acknowledge. Only acquires wait; refreshes and releases do not (a
+// refresh lost in a failover shortens a lease that the old primary already
+// granted; it cannot create a second holder that WAIT on the acquire would
+// have prevented). WaitReplicas is refused for a Cluster or Ring client,
+// whose pipelines split commands by key slot: WAIT has no key, so it cannot
+// be made to run on the connection that wrote the lock.
+//
+// # Eviction
+//
+// A lock key evicted under memory pressure is a lock silently granted
+// twice. [New] therefore reads maxmemory-policy (on every shard of a
+// Cluster) and, by default, refuses anything but "noeviction"
+// ([EvictionRefuse]); see [Options].EvictionCheck.
+//
+// # URL
+//
+// The schemes are redis:// (plain TCP) and rediss:// (TLS):
+//
+//	redis://[[user]:password@]host[:port][/db][?param=value&...]
+//
+// Host, port, ACL user, password and database are parsed by
+// [goredis.ParseURL]. The backend's own parameters are prefix, wait_replicas,
+// wait_timeout (a Go duration such as 250ms) and eviction_check (refuse,
+// warn or ignore). Every other parameter is passed to go-redis, which
+// accepts its documented client parameters (dial_timeout, read_timeout,
+// pool_size, db, protocol, client_name, skip_verify, ...) and rejects
+// anything else; either way an unknown parameter is an error wrapping
+// [backend.ErrInvalidConfig], before any I/O. The client built from a URL is
+// closed by the Locker's Close; a client passed to [New] is never closed.
+package redis

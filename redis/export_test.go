@@ -1,0 +1,16 @@
+package redis
+
+import (
+	"net/url"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// ParseURL exposes parseURL to the external tests.
+func ParseURL(u *url.URL) (*goredis.Options, *Options, error) { return parseURL(u) }
+
+// NewDriverNoIO builds a driver without the eviction check and script
+// loading, for tests that need no server.
+func NewDriverNoIO(client goredis.UniversalClient, opts *Options) (*Driver, error) {
+	return newDriver(client, opts)
+}

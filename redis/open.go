@@ -1,0 +1,134 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strconv"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+)
+
+func init() {
+	dlock.Register("redis", open)
+	dlock.Register("rediss", open)
+}
+
+// New checks opts and the server's eviction policy, loads the scripts, and
+// returns a Locker over client, configured by opts.Locker. It does not take
+// ownership of client: closing the Locker leaves the client open.
+//
+// client may be a *goredis.Client (one server, or a Sentinel failover
+// client), a *goredis.ClusterClient or a *goredis.Ring. Errors wrap
+// [backend.ErrInvalidConfig] or [backend.ErrUnavailable].
+func New(ctx context.Context, client goredis.UniversalClient, opts *Options) (*dlock.Locker, error) {
+	d, err := NewDriver(ctx, client, opts)
+	if err != nil {
+		return nil, err
+	}
+	var lo *dlock.Options
+	if opts != nil {
+		lo = opts.Locker
+	}
+	return dlock.New(d, lo), nil
+}
+
+// open is the dlock.Opener of the schemes redis and rediss.
+func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
+	clientOpts, opts, err := parseURL(u)
+	if err != nil {
+		return nil, err
+	}
+	client := goredis.NewClient(clientOpts) // no I/O yet
+	d, err := newDriver(client, opts)
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	d.ownsClient = true
+	if err := d.start(ctx); err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// parseURL splits u into the backend's options and go-redis's client
+// options. It does no I/O.
+func parseURL(u *url.URL) (*goredis.Options, *Options, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: redis: "+format, append([]any{backend.ErrInvalidConfig}, args...)...)
+	}
+	if u.Scheme != "redis" && u.Scheme != "rediss" {
+		return nil, nil, bad("scheme %q: want redis or rediss", u.Scheme)
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, nil, bad("query of %s: %w", u.Redacted(), err)
+	}
+	var o Options
+	take := func(name string) (string, bool, error) {
+		v, ok := q[name]
+		if !ok {
+			return "", false, nil
+		}
+		q.Del(name)
+		if len(v) != 1 {
+			return "", false, bad("parameter %s given %d times", name, len(v))
+		}
+		return v[0], true, nil
+	}
+	if v, ok, err := take("prefix"); err != nil {
+		return nil, nil, err
+	} else if ok {
+		if v == "" {
+			return nil, nil, bad("parameter prefix is empty (leave it out for the default %q)", DefaultPrefix)
+		}
+		o.Prefix = v
+	}
+	if v, ok, err := take("wait_replicas"); err != nil {
+		return nil, nil, err
+	} else if ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return nil, nil, bad("parameter wait_replicas=%q: want a number ≥ 0", v)
+		}
+		o.WaitReplicas = n
+	}
+	if v, ok, err := take("wait_timeout"); err != nil {
+		return nil, nil, err
+	} else if ok {
+		t, err := time.ParseDuration(v)
+		if err != nil || t < time.Millisecond {
+			return nil, nil, bad("parameter wait_timeout=%q: want a duration of at least 1ms, such as 250ms", v)
+		}
+		o.WaitTimeout = t
+	}
+	if v, ok, err := take("eviction_check"); err != nil {
+		return nil, nil, err
+	} else if ok {
+		switch v {
+		case "refuse":
+			o.EvictionCheck = EvictionRefuse
+		case "warn":
+			o.EvictionCheck = EvictionWarn
+		case "ignore":
+			o.EvictionCheck = EvictionIgnore
+		default:
+			return nil, nil, bad("parameter eviction_check=%q: want refuse, warn or ignore", v)
+		}
+	}
+	rest := *u
+	rest.RawQuery = q.Encode()
+	co, err := goredis.ParseURL(rest.String())
+	if err != nil {
+		// go-redis rejects unknown parameters ("unexpected option") and bad
+		// values; its messages do not include the password.
+		return nil, nil, bad("%w", err)
+	}
+	return co, &o, nil
+}

@@ -1,0 +1,523 @@
+package redis
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+)
+
+// The scripts, one file each (see the header of each file for KEYS and ARGV).
+var (
+	//go:embed acquire.lua
+	acquireSrc string
+	//go:embed release.lua
+	releaseSrc string
+	//go:embed refresh.lua
+	refreshSrc string
+
+	acquireScript = goredis.NewScript(acquireSrc)
+	releaseScript = goredis.NewScript(releaseSrc)
+	refreshScript = goredis.NewScript(refreshSrc)
+)
+
+// Suffixes of the keys and channel that belong to one lock key. They follow
+// the closing brace of the hash tag, so they share the lock key's slot.
+const (
+	fenceSuffix   = ":fence"
+	releaseSuffix = ":released"
+)
+
+// DefaultPrefix is the key prefix used when [Options].Prefix is empty.
+const DefaultPrefix = "dlock:"
+
+// DefaultWaitTimeout is the WAIT timeout used when [Options].WaitReplicas > 0
+// and [Options].WaitTimeout is 0.
+const DefaultWaitTimeout = time.Second
+
+// cleanupTimeout bounds the best-effort compare-and-delete that undoes an
+// acquire whose outcome is unknown (a network error, a cancelled context) or
+// unwanted (too few replicas acknowledged).
+const cleanupTimeout = 2 * time.Second
+
+// EvictionCheck says what [New] does when the server's maxmemory-policy
+// allows it to evict keys, lock keys included.
+type EvictionCheck int
+
+const (
+	// EvictionRefuse (the default) makes New fail with an error wrapping
+	// [backend.ErrInvalidConfig] unless maxmemory-policy is "noeviction".
+	EvictionRefuse EvictionCheck = iota
+	// EvictionWarn logs a warning and continues.
+	EvictionWarn
+	// EvictionIgnore skips the check (and the CONFIG GET round trip).
+	EvictionIgnore
+)
+
+// String returns "refuse", "warn" or "ignore", the spellings the URL
+// parameter eviction_check accepts.
+func (e EvictionCheck) String() string {
+	switch e {
+	case EvictionRefuse:
+		return "refuse"
+	case EvictionWarn:
+		return "warn"
+	case EvictionIgnore:
+		return "ignore"
+	}
+	return "EvictionCheck(" + strconv.Itoa(int(e)) + ")"
+}
+
+// Options configure the Redis backend. A nil *Options means all defaults.
+type Options struct {
+	// Prefix is prepended to every lock key, its fencing counter key and
+	// its release channel. It must not contain "{" or "}" (the key itself
+	// is the Cluster hash tag). Default [DefaultPrefix] ("dlock:"); an
+	// empty Prefix means the default.
+	Prefix string
+
+	// WaitReplicas, when > 0, makes every acquire wait (Redis WAIT) until
+	// this many replicas have acknowledged the lock; if fewer do within
+	// WaitTimeout, the lock is released and the acquire fails with an
+	// error wrapping [backend.ErrUnavailable]. Refreshes and releases do
+	// not wait. Not allowed with a *goredis.ClusterClient or *goredis.Ring
+	// (see the package documentation). Default 0 (do not wait).
+	WaitReplicas int
+	// WaitTimeout is how long WAIT blocks for the replicas. Keep it below
+	// the client's ReadTimeout (go-redis default 3 s). Default
+	// [DefaultWaitTimeout] (1 s); ignored when WaitReplicas is 0.
+	WaitTimeout time.Duration
+
+	// EvictionCheck says what New does when maxmemory-policy is not
+	// "noeviction". Default [EvictionRefuse].
+	EvictionCheck EvictionCheck
+
+	// Logger receives warnings from the backend (eviction policy, CONFIG
+	// unavailable). Default slog.Default().
+	Logger *slog.Logger
+
+	// Locker configures the *dlock.Locker that [New] returns (default TTL,
+	// retry bounds, ...). Default nil (dlock's defaults). NewDriver and
+	// dlock.Open ignore it.
+	Locker *dlock.Options
+}
+
+// Driver is the Redis [backend.Driver]. It also implements
+// [backend.Waiter]. Most programs use [New], which wraps a Driver in a
+// *dlock.Locker; NewDriver is for wrapping the driver yourself and for tests.
+//
+// A Driver is safe for concurrent use.
+type Driver struct {
+	client      goredis.UniversalClient
+	ownsClient  bool
+	prefix      string
+	waitN       int
+	waitTimeout time.Duration
+	log         *slog.Logger
+
+	evictionCheck EvictionCheck
+
+	hub hub
+
+	closeOnce sync.Once
+}
+
+var (
+	_ backend.Driver = (*Driver)(nil)
+	_ backend.Waiter = (*Driver)(nil)
+)
+
+// shardIterator is implemented by *goredis.ClusterClient and *goredis.Ring.
+type shardIterator interface {
+	ForEachShard(ctx context.Context, fn func(ctx context.Context, client *goredis.Client) error) error
+}
+
+// NewDriver checks opts and the server's eviction policy (see
+// [Options].EvictionCheck), loads the scripts, and returns the driver. It
+// does not take ownership of client: [Driver.Close] leaves it open.
+//
+// Errors wrap [backend.ErrInvalidConfig] (bad options, a refused eviction
+// policy; returned before any I/O where the options alone are wrong) or
+// [backend.ErrUnavailable] (the server could not be reached).
+func NewDriver(ctx context.Context, client goredis.UniversalClient, opts *Options) (*Driver, error) {
+	d, err := newDriver(client, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.start(ctx); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// newDriver validates the options and builds the driver without I/O.
+func newDriver(client goredis.UniversalClient, opts *Options) (*Driver, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: redis: nil client", backend.ErrInvalidConfig)
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	if strings.ContainsAny(o.Prefix, "{}") {
+		return nil, fmt.Errorf("%w: redis: prefix %q contains '{' or '}' (the lock key is the Cluster hash tag)", backend.ErrInvalidConfig, o.Prefix)
+	}
+	if o.WaitReplicas < 0 {
+		return nil, fmt.Errorf("%w: redis: WaitReplicas %d is negative", backend.ErrInvalidConfig, o.WaitReplicas)
+	}
+	if o.WaitTimeout < 0 {
+		return nil, fmt.Errorf("%w: redis: WaitTimeout %v is negative", backend.ErrInvalidConfig, o.WaitTimeout)
+	}
+	if o.WaitReplicas > 0 {
+		if _, ok := client.(shardIterator); ok {
+			return nil, fmt.Errorf("%w: redis: WaitReplicas needs a single-primary client (*goredis.Client or a failover client), not %T: "+
+				"a cluster pipeline splits commands by key slot and WAIT has no key, so WAIT could not count the lock write",
+				backend.ErrInvalidConfig, client)
+		}
+		if o.WaitTimeout == 0 {
+			o.WaitTimeout = DefaultWaitTimeout
+		}
+		if o.WaitTimeout < time.Millisecond {
+			return nil, fmt.Errorf("%w: redis: WaitTimeout %v is below 1ms (WAIT 0 would block forever)", backend.ErrInvalidConfig, o.WaitTimeout)
+		}
+	}
+	switch o.EvictionCheck {
+	case EvictionRefuse, EvictionWarn, EvictionIgnore:
+	default:
+		return nil, fmt.Errorf("%w: redis: unknown EvictionCheck %d", backend.ErrInvalidConfig, int(o.EvictionCheck))
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	d := &Driver{
+		client:      client,
+		prefix:      o.Prefix,
+		waitN:       o.WaitReplicas,
+		waitTimeout: o.WaitTimeout,
+		log:         o.Logger,
+
+		evictionCheck: o.EvictionCheck,
+	}
+	d.hub.init(d)
+	return d, nil
+}
+
+// start does the I/O of NewDriver: the eviction check and script loading.
+func (d *Driver) start(ctx context.Context) error {
+	if err := d.checkEviction(ctx); err != nil {
+		return err
+	}
+	for _, s := range []*goredis.Script{acquireScript, releaseScript, refreshScript} {
+		if err := s.Load(ctx, d.client).Err(); err != nil {
+			return fmt.Errorf("%w: redis: loading scripts: %w", backend.ErrUnavailable, err)
+		}
+	}
+	return nil
+}
+
+// checkEviction reads maxmemory-policy from every server the client writes
+// to and applies the configured EvictionCheck.
+func (d *Driver) checkEviction(ctx context.Context) error {
+	if d.evictionCheck == EvictionIgnore {
+		return nil
+	}
+	type result struct {
+		addr, policy string
+		err          error
+	}
+	var (
+		mu      sync.Mutex
+		results []result
+	)
+	get := func(ctx context.Context, c goredis.Cmdable, addr string) error {
+		m, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+		mu.Lock()
+		results = append(results, result{addr, m["maxmemory-policy"], err})
+		mu.Unlock()
+		if err != nil && !isServerError(err) {
+			return err
+		}
+		return nil
+	}
+	var err error
+	if si, ok := d.client.(shardIterator); ok {
+		err = si.ForEachShard(ctx, func(ctx context.Context, c *goredis.Client) error {
+			return get(ctx, c, c.Options().Addr)
+		})
+	} else {
+		err = get(ctx, d.client, "")
+	}
+	if err != nil {
+		return fmt.Errorf("%w: redis: reading maxmemory-policy: %w", backend.ErrUnavailable, err)
+	}
+	for _, r := range results {
+		where := ""
+		if r.addr != "" {
+			where = " on " + r.addr
+		}
+		switch {
+		case r.err != nil:
+			d.log.Warn("dlock/redis: cannot check maxmemory-policy (CONFIG GET failed); if the server may evict keys, locks can be lost",
+				"addr", r.addr, "error", r.err)
+		case r.policy == "":
+			d.log.Warn("dlock/redis: cannot check maxmemory-policy (CONFIG GET returned nothing); if the server may evict keys, locks can be lost",
+				"addr", r.addr)
+		case r.policy != "noeviction":
+			if d.evictionCheck == EvictionRefuse {
+				return fmt.Errorf("%w: redis: maxmemory-policy is %q%s, so the server may evict lock keys and grant a lock twice; "+
+					"run CONFIG SET maxmemory-policy noeviction (and persist it in redis.conf), or set EvictionCheck to warn or ignore",
+					backend.ErrInvalidConfig, r.policy, where)
+			}
+			d.log.Warn("dlock/redis: maxmemory-policy allows evicting lock keys; set it to noeviction",
+				"addr", r.addr, "maxmemory-policy", r.policy)
+		}
+	}
+	return nil
+}
+
+// isServerError reports whether err is an error reply from the server (as
+// opposed to a network or context error).
+func isServerError(err error) bool {
+	var re goredis.Error
+	return errors.As(err, &re)
+}
+
+// unavailable wraps an error from go-redis so that it matches
+// backend.ErrUnavailable (and still matches the go-redis or context error).
+func unavailable(err error) error {
+	return fmt.Errorf("%w: redis: %w", backend.ErrUnavailable, err)
+}
+
+// lockKey maps a dlock key to the Redis lock key.
+func (d *Driver) lockKey(key string) string {
+	return d.prefix + "{" + key + "}"
+}
+
+// ValidateKey rejects keys that begin with "}": the lock key would start its
+// hash tag with "{}", which Redis Cluster treats as no hash tag, putting the
+// lock key and its counter in different slots. The error wraps
+// [backend.ErrInvalidKey].
+func (d *Driver) ValidateKey(key string) error {
+	if strings.HasPrefix(key, "}") {
+		return fmt.Errorf("%w: redis: key %q begins with '}' (it would make an empty Cluster hash tag)", backend.ErrInvalidKey, key)
+	}
+	return nil
+}
+
+// Limits returns MinTTL 1 ms (Redis expires in whole milliseconds) and no
+// MaxTTL.
+func (d *Driver) Limits() backend.Limits {
+	return backend.Limits{MinTTL: time.Millisecond}
+}
+
+// Guarantees reports best-effort fencing, no tolerated failures, no FIFO,
+// and a clock-dependent lease.
+func (d *Driver) Guarantees() backend.Guarantees {
+	return backend.Guarantees{
+		Fencing:           backend.FencingBestEffort,
+		ToleratedFailures: 0,
+		FIFO:              false,
+		ClockDependent:    true,
+		Notes: "A failover to a replica that missed the lock (replication is asynchronous), a restart without persistence, " +
+			"a process pause longer than the TTL or a clock jump can let two holders overlap; tokens can go backwards only if " +
+			"the serving Redis clock is behind the previous one by more than the time since the last grant.",
+	}
+}
+
+// As sets *target to the driver's client when target is a
+// *goredis.UniversalClient, and reports whether it did.
+func (d *Driver) As(target any) bool {
+	if p, ok := target.(*goredis.UniversalClient); ok {
+		*p = d.client
+		return true
+	}
+	return false
+}
+
+// Close stops the driver's pub/sub connection (waking any remaining
+// waiters) and, if the driver built the client itself from a URL, closes the
+// client. A client passed to [New] or [NewDriver] stays open.
+func (d *Driver) Close() error {
+	var err error
+	d.closeOnce.Do(func() {
+		d.hub.close()
+		if d.ownsClient {
+			err = d.client.Close()
+		}
+	})
+	return err
+}
+
+// newValue returns a fresh ownership value: 16 random bytes, hex-encoded.
+func newValue() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go ≥ 1.24)
+	return hex.EncodeToString(b[:])
+}
+
+// ttlMillis truncates ttl to whole milliseconds.
+func ttlMillis(ttl time.Duration) (int64, error) {
+	ms := int64(ttl / time.Millisecond)
+	if ms < 1 {
+		return 0, fmt.Errorf("%w: redis: %v is below 1ms", backend.ErrInvalidTTL, ttl)
+	}
+	return ms, nil
+}
+
+// TryAcquire makes one attempt to take the lock: one EVALSHA (plus WAIT in
+// the same pipeline when WaitReplicas > 0). A TTL that is not a whole number
+// of milliseconds is truncated down; the lease reports the truncated TTL.
+//
+// When the key is held it returns a *[backend.HeldError] whose RetryAfter is
+// the holder's remaining PTTL (0 if the key has no expiry). On a network
+// error, a cancelled ctx or too few replicas it deletes the lock again if
+// this attempt may have taken it (best effort, bounded by a short timeout
+// that ignores ctx's cancellation) and returns an error wrapping
+// [backend.ErrUnavailable].
+func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+	ms, err := ttlMillis(ttl)
+	if err != nil {
+		return nil, err
+	}
+	lk := d.lockKey(key)
+	l := &lease{d: d, keys: []string{lk, lk + fenceSuffix}, value: newValue(), ttl: time.Duration(ms) * time.Millisecond}
+
+	var (
+		res   any
+		waitN int64 = -1
+	)
+	if d.waitN > 0 {
+		res, waitN, err = d.acquireWait(ctx, l.keys, l.value, ms)
+	} else {
+		res, err = acquireScript.Run(ctx, d.client, l.keys, l.value, ms).Result()
+	}
+	if err != nil {
+		l.cleanup(ctx)
+		return nil, unavailable(err)
+	}
+	switch v := res.(type) {
+	case int64:
+		if v <= 0 {
+			l.cleanup(ctx)
+			return nil, fmt.Errorf("%w: redis: acquire script returned token %d", backend.ErrUnavailable, v)
+		}
+		l.token = uint64(v)
+	case []any:
+		var pttl int64
+		if len(v) == 1 {
+			pttl, _ = v[0].(int64)
+		}
+		if pttl < 0 {
+			pttl = 0
+		}
+		return nil, &backend.HeldError{RetryAfter: time.Duration(pttl) * time.Millisecond}
+	default:
+		l.cleanup(ctx)
+		return nil, fmt.Errorf("%w: redis: unexpected reply %T from the acquire script", backend.ErrUnavailable, res)
+	}
+	if waitN >= 0 && waitN < int64(d.waitN) {
+		l.cleanup(ctx)
+		return nil, fmt.Errorf("%w: redis: WAIT: %d of %d replicas acknowledged within %v; lock released",
+			backend.ErrUnavailable, waitN, d.waitN, d.waitTimeout)
+	}
+	return l, nil
+}
+
+// acquireWait sends the acquire script and WAIT in one pipeline (one
+// connection, as WAIT requires). waitN is -1 if WAIT did not answer.
+func (d *Driver) acquireWait(ctx context.Context, keys []string, value string, ms int64) (res any, waitN int64, err error) {
+	run := func(eval bool) (*goredis.Cmd, *goredis.Cmd) {
+		pipe := d.client.Pipeline()
+		var ev *goredis.Cmd
+		if eval {
+			ev = acquireScript.Eval(ctx, pipe, keys, value, ms)
+		} else {
+			ev = acquireScript.EvalSha(ctx, pipe, keys, value, ms)
+		}
+		// Pipeliner has no Wait method; the reply is read with the
+		// client's ReadTimeout, hence WaitTimeout < ReadTimeout.
+		wt := pipe.Do(ctx, "wait", d.waitN, d.waitTimeout.Milliseconds())
+		_, _ = pipe.Exec(ctx) // the errors are in the commands
+		return ev, wt
+	}
+	ev, wt := run(false)
+	if goredis.HasErrorPrefix(ev.Err(), "NOSCRIPT") {
+		ev, wt = run(true)
+	}
+	if ev.Err() != nil {
+		return nil, -1, ev.Err()
+	}
+	n, err := wt.Int64()
+	if err != nil {
+		return nil, -1, err
+	}
+	return ev.Val(), n, nil
+}
+
+// lease is one grant.
+type lease struct {
+	d     *Driver
+	keys  []string // lock key, counter key
+	value string
+	token uint64
+	ttl   time.Duration
+}
+
+var _ backend.Lease = (*lease)(nil)
+
+func (l *lease) Token() uint64      { return l.token }
+func (l *lease) TTL() time.Duration { return l.ttl }
+
+// Refresh sets the lock's TTL to ttl (truncated to whole milliseconds) from
+// now if the lock is still ours, and returns the truncated TTL.
+func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
+	ms, err := ttlMillis(ttl)
+	if err != nil {
+		return 0, err
+	}
+	n, err := refreshScript.Run(ctx, l.d.client, l.keys[:1], l.value, ms).Int64()
+	if err != nil {
+		return 0, unavailable(err)
+	}
+	if n != 1 {
+		return 0, errNotHeld
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// Release deletes the lock if it is still ours and wakes its waiters.
+func (l *lease) Release(ctx context.Context) error {
+	n, err := releaseScript.Run(ctx, l.d.client, l.keys[:1], l.value, l.keys[0]+releaseSuffix).Int64()
+	if err != nil {
+		return unavailable(err)
+	}
+	if n != 1 {
+		return errNotHeld
+	}
+	return nil
+}
+
+var errNotHeld = fmt.Errorf("%w: redis: the lock key is gone or has another owner", backend.ErrNotHeld)
+
+// cleanup deletes the lock if this grant holds it, ignoring errors, with a
+// short timeout that ignores the cancellation of ctx.
+func (l *lease) cleanup(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_ = releaseScript.Run(ctx, l.d.client, l.keys[:1], l.value, l.keys[0]+releaseSuffix).Err()
+}

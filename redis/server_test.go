@@ -1,0 +1,496 @@
+package redis_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/redis"
+)
+
+// addrEnv names the environment variable with the address (host:port) of a
+// Redis server for the tests that need one. The server must have no
+// replicas; the tests change its maxmemory-policy briefly and flush its
+// script cache.
+const addrEnv = "DLOCK_REDIS_ADDR"
+
+// serverClient returns a client of the test server, closed at the end of
+// the test, or skips the test when there is none.
+func serverClient(tb testing.TB) *goredis.Client {
+	tb.Helper()
+	addr := os.Getenv(addrEnv)
+	if addr == "" {
+		tb.Skipf("no Redis server: set %s=host:port to run this test", addrEnv)
+	}
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	tb.Cleanup(func() { _ = c.Close() })
+	if err := c.Ping(tb.Context()).Err(); err != nil {
+		tb.Fatalf("Redis at %s=%s: %v", addrEnv, addr, err)
+	}
+	return c
+}
+
+// newDriver returns a driver over c, closed at the end of the test.
+func newDriver(tb testing.TB, c goredis.UniversalClient, opts *redis.Options) *redis.Driver {
+	tb.Helper()
+	d, err := redis.NewDriver(tb.Context(), c, opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = d.Close() })
+	return d
+}
+
+// uniqueKey returns a key no other test (or earlier run) uses.
+func uniqueKey(tb testing.TB) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return strings.ReplaceAll(tb.Name(), "/", ".") + "." + hex.EncodeToString(b[:])
+}
+
+func lockKey(key string) string { return redis.DefaultPrefix + "{" + key + "}" }
+
+func TestTokensIncrease(t *testing.T) {
+	t.Parallel()
+	c := serverClient(t)
+	d1, d2 := newDriver(t, c, nil), newDriver(t, c, nil)
+	key := uniqueKey(t)
+	var last uint64
+	for i := range 20 {
+		d := d1
+		if i%2 == 1 {
+			d = d2
+		}
+		l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Token() <= last {
+			t.Fatalf("grant %d: token %d not above the previous %d", i, l.Token(), last)
+		}
+		last = l.Token()
+		if err := l.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestTokenSurvivesCounterLoss(t *testing.T) {
+	t.Parallel()
+	c := serverClient(t)
+	d := newDriver(t, c, nil)
+	key := uniqueKey(t)
+	fence := lockKey(key) + ":fence"
+
+	grant := func() uint64 {
+		t.Helper()
+		l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		return l.Token()
+	}
+	t1 := grant()
+	// The counter is lost (restart without persistence, failover, DEL).
+	if err := c.Del(t.Context(), fence).Err(); err != nil {
+		t.Fatal(err)
+	}
+	t2 := grant()
+	if t2 <= t1 {
+		t.Fatalf("after losing the counter: token %d, not above the previous %d", t2, t1)
+	}
+	// A counter ahead of the clock (tokens issued in a burst, or by a
+	// server with a faster clock) still gives counter+1.
+	ahead := t2 + 1e12
+	if err := c.Set(t.Context(), fence, ahead, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if t3 := grant(); t3 != ahead+1 {
+		t.Fatalf("counter %d ahead of the clock: token %d, want %d", ahead, t3, ahead+1)
+	}
+	if ttl := c.PTTL(t.Context(), fence).Val(); ttl != -1 {
+		t.Fatalf("counter key PTTL = %v, want no expiry", ttl)
+	}
+}
+
+func TestHeldAndOwnership(t *testing.T) {
+	t.Parallel()
+	c := serverClient(t)
+	d := newDriver(t, c, nil)
+	ctx := t.Context()
+	key := uniqueKey(t)
+
+	// Sub-millisecond parts are truncated and reported.
+	l, err := d.TryAcquire(ctx, key, 20*time.Second+1500*time.Microsecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := l.TTL(), 20*time.Second+time.Millisecond; got != want {
+		t.Errorf("TTL() = %v, want %v", got, want)
+	}
+
+	_, err = d.TryAcquire(ctx, key, time.Second)
+	var held *backend.HeldError
+	if !errors.As(err, &held) || !errors.Is(err, backend.ErrNotAcquired) {
+		t.Fatalf("second TryAcquire = %v, want a HeldError", err)
+	}
+	if held.RetryAfter <= 19*time.Second || held.RetryAfter > 20*time.Second+time.Millisecond {
+		t.Errorf("RetryAfter = %v, want about 20s", held.RetryAfter)
+	}
+
+	got, err := l.Refresh(ctx, 5*time.Second+999*time.Microsecond)
+	if err != nil || got != 5*time.Second {
+		t.Fatalf("Refresh = %v, %v; want 5s", got, err)
+	}
+	if pttl := c.PTTL(ctx, lockKey(key)).Val(); pttl <= 4*time.Second || pttl > 5*time.Second {
+		t.Errorf("PTTL after Refresh = %v", pttl)
+	}
+
+	// Someone else's value under the key: neither refresh nor release
+	// touches it.
+	if err := c.Set(ctx, lockKey(key), "someone-else", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Refresh(ctx, time.Hour); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Refresh of a stolen lock = %v, want ErrNotHeld", err)
+	}
+	if err := l.Release(ctx); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Release of a stolen lock = %v, want ErrNotHeld", err)
+	}
+	if v := c.Get(ctx, lockKey(key)).Val(); v != "someone-else" {
+		t.Errorf("the other holder's value became %q", v)
+	}
+	if pttl := c.PTTL(ctx, lockKey(key)).Val(); pttl > time.Minute {
+		t.Errorf("the other holder's TTL became %v", pttl)
+	}
+	c.Del(ctx, lockKey(key))
+
+	// Refresh never re-creates a missing key; double release is ErrNotHeld.
+	l, err = d.TryAcquire(ctx, key, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("second Release = %v, want ErrNotHeld", err)
+	}
+	if _, err := l.Refresh(ctx, time.Minute); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Refresh after Release = %v, want ErrNotHeld", err)
+	}
+	if n := c.Exists(ctx, lockKey(key)).Val(); n != 0 {
+		t.Errorf("Refresh re-created the key")
+	}
+}
+
+func TestExpiry(t *testing.T) {
+	t.Parallel()
+	c := serverClient(t)
+	d := newDriver(t, c, nil)
+	key := uniqueKey(t)
+	l, err := d.TryAcquire(t.Context(), key, 50*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l2, err := d.TryAcquire(t.Context(), key, time.Second)
+		if err == nil {
+			if l2.Token() <= l.Token() {
+				t.Errorf("token after expiry %d, not above %d", l2.Token(), l.Token())
+			}
+			if err := l.Release(t.Context()); !errors.Is(err, backend.ErrNotHeld) {
+				t.Errorf("Release of an expired lease = %v, want ErrNotHeld", err)
+			}
+			_ = l2.Release(t.Context())
+			return
+		}
+		if !errors.Is(err, backend.ErrNotAcquired) || time.Now().After(deadline) {
+			t.Fatalf("TryAcquire after expiry = %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestScriptCacheFlushed(t *testing.T) {
+	t.Parallel()
+	c := serverClient(t)
+	d := newDriver(t, c, nil)
+	key := uniqueKey(t)
+	if err := c.ScriptFlush(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := d.TryAcquire(t.Context(), key, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ScriptFlush(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCancelledAcquireLeavesNothing(t *testing.T) {
+	t.Parallel()
+	c := serverClient(t)
+	d := newDriver(t, c, nil)
+	key := uniqueKey(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, err := d.TryAcquire(ctx, key, time.Minute)
+	if !errors.Is(err, backend.ErrUnavailable) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("TryAcquire with a cancelled context = %v", err)
+	}
+	if n := c.Exists(t.Context(), lockKey(key)).Val(); n != 0 {
+		t.Fatalf("a cancelled acquire left the lock key behind")
+	}
+}
+
+func TestWaitReplicas(t *testing.T) {
+	t.Parallel()
+	c := serverClient(t)
+	d := newDriver(t, c, &redis.Options{WaitReplicas: 1, WaitTimeout: 50 * time.Millisecond})
+	key := uniqueKey(t)
+	_, err := d.TryAcquire(t.Context(), key, time.Minute)
+	if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "WAIT: 0 of 1 replicas acknowledged") {
+		t.Fatalf("TryAcquire with WaitReplicas 1 and no replica = %v", err)
+	}
+	if n := c.Exists(t.Context(), lockKey(key)).Val(); n != 0 {
+		t.Fatalf("the lock key is left behind after a failed WAIT")
+	}
+
+	// Held: the HeldError comes through the pipeline too.
+	l, err := newDriver(t, c, nil).TryAcquire(t.Context(), key, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(t.Context())
+	var held *backend.HeldError
+	if _, err := d.TryAcquire(t.Context(), key, time.Minute); !errors.As(err, &held) {
+		t.Fatalf("TryAcquire of a held key with WaitReplicas = %v, want HeldError", err)
+	}
+}
+
+func TestWatchWakesOnRelease(t *testing.T) {
+	t.Parallel()
+	c := serverClient(t)
+	holder, waiter := newDriver(t, c, nil), newDriver(t, c, nil)
+	ctx := t.Context()
+	key := uniqueKey(t)
+
+	for round := range 3 { // the channel is unsubscribed and subscribed again each round
+		l, err := holder.TryAcquire(ctx, key, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wake1, stop1, err := waiter.Watch(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wake2, stop2, err := waiter.Watch(ctx, key) // a second watcher of the same key
+		if err != nil {
+			t.Fatal(err)
+		}
+		other, stopOther, err := waiter.Watch(ctx, uniqueKey(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for i, w := range []<-chan struct{}{wake1, wake2} {
+			select {
+			case <-w:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("round %d: watcher %d not woken by the release", round, i+1)
+			}
+		}
+		select {
+		case <-other:
+			t.Errorf("round %d: a watcher of another key was woken", round)
+		default:
+		}
+		stop1()
+		stop2()
+		stopOther()
+	}
+}
+
+func TestWatchCancelled(t *testing.T) {
+	t.Parallel()
+	c := serverClient(t)
+	d := newDriver(t, c, nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, _, err := d.Watch(ctx, uniqueKey(t)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Watch with a cancelled context = %v", err)
+	}
+}
+
+func TestLockerHandoff(t *testing.T) {
+	t.Parallel()
+	c := serverClient(t)
+	l, err := redis.New(t.Context(), c, &redis.Options{Locker: &dlock.Options{RetryMax: time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	key := uniqueKey(t)
+	ctx := t.Context()
+	lease, err := l.Acquire(ctx, key, &dlock.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// With RetryMax a minute and the holder's lease a minute, the waiter can
+	// only get the lock well within the bound below if the release wakes it.
+	got := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		l2, err := l.Acquire(ctx, key, &dlock.AcquireOptions{TTL: time.Minute})
+		if err == nil {
+			err = l2.Release(ctx)
+		}
+		got <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // let the waiter start waiting (not needed for correctness)
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+}
+
+func TestOpenURL(t *testing.T) {
+	t.Parallel()
+	serverClient(t)
+	l, err := dlock.Open(t.Context(), "redis://"+os.Getenv(addrEnv)+"?ttl=5s&prefix=dlocktest:&eviction_check=refuse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.TryAcquire(t.Context(), uniqueKey(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lease.TTL() != 5*time.Second {
+		t.Errorf("TTL = %v, want the URL's 5s", lease.TTL())
+	}
+	if err := lease.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The tests below are not parallel: they change server-wide settings or
+// count goroutines. Go runs them before resuming the parallel tests.
+
+func TestEvictionCheck(t *testing.T) {
+	c := serverClient(t)
+	ctx := t.Context()
+	old := c.ConfigGet(ctx, "maxmemory-policy").Val()["maxmemory-policy"]
+	if old == "" {
+		t.Skip("CONFIG GET is not available on the test server")
+	}
+	t.Cleanup(func() { c.ConfigSet(context.Background(), "maxmemory-policy", old) })
+	if err := c.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	_, err := redis.NewDriver(ctx, c, nil)
+	if !errors.Is(err, backend.ErrInvalidConfig) || !strings.Contains(err.Error(), "CONFIG SET maxmemory-policy noeviction") {
+		t.Fatalf("NewDriver under allkeys-lru = %v, want ErrInvalidConfig naming the fix", err)
+	}
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, nil))
+	d, err := redis.NewDriver(ctx, c, &redis.Options{EvictionCheck: redis.EvictionWarn, Logger: log})
+	if err != nil {
+		t.Fatalf("NewDriver with EvictionWarn = %v", err)
+	}
+	_ = d.Close()
+	mu.Lock()
+	if !strings.Contains(buf.String(), "allkeys-lru") {
+		t.Errorf("EvictionWarn logged %q", buf.String())
+	}
+	mu.Unlock()
+	d, err = redis.NewDriver(ctx, c, &redis.Options{EvictionCheck: redis.EvictionIgnore})
+	if err != nil {
+		t.Fatalf("NewDriver with EvictionIgnore = %v", err)
+	}
+	_ = d.Close()
+	if _, err := dlock.Open(ctx, "redis://"+os.Getenv(addrEnv)); !errors.Is(err, dlock.ErrInvalidConfig) {
+		t.Fatalf("Open under allkeys-lru = %v, want ErrInvalidConfig", err)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.w.Write(p)
+}
+
+func TestCloseLeavesNoGoroutine(t *testing.T) {
+	c := serverClient(t) // its pool is in use already: not ours to count
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+
+	d, err := redis.NewDriver(t.Context(), c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := uniqueKey(t)
+	l, err := d.TryAcquire(t.Context(), key, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wake, stop, err := d.Watch(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, stop2, err := d.Watch(t.Context(), uniqueKey(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop2()
+	if err := l.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	<-wake
+	// Close with a watcher still registered: its channel is closed.
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := <-wake; ok {
+		t.Errorf("wake channel still open after Close")
+	}
+	stop()
+	if _, _, err := d.Watch(t.Context(), key); !errors.Is(err, backend.ErrClosed) {
+		t.Errorf("Watch after Close = %v, want ErrClosed", err)
+	}
+}
