@@ -57,7 +57,7 @@ apt_install() { # apt_install PKG... : install the packages, as root, via apt.
 		apt_updated=true
 	fi
 	note "apt-get install $*"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
 }
 
 step "Checking tools"
