@@ -45,7 +45,9 @@
 //     shared by all keys being waited on in this process.
 //
 // Scripts are loaded at [New] and run by EVALSHA, falling back to EVAL if the
-// server's script cache was flushed (a restart, a failover).
+// server's script cache was flushed (a restart, a failover). The scripts
+// need Redis 6.2 or later (SET ... GET; TIME before writes, which relies on
+// scripts replicating their effects).
 //
 // # TTLs
 //
