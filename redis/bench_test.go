@@ -28,7 +28,7 @@ var rawRelease = goredis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] the
 //
 // pN runs N goroutines (b.SetParallelism(N/GOMAXPROCS)).
 //
-//	DLOCK_REDIS_ADDR=127.0.0.1:6379 go test -run '^$' -bench Cycle -count 6 ./redis/ | tee /tmp/bench.txt
+//	make bench ARGS='-bench Cycle -count 6 ./redis/' | tee /tmp/bench.txt
 func BenchmarkCycle(b *testing.B) {
 	c := serverClient(b)
 	ctx := b.Context()

@@ -2,7 +2,6 @@ package redis_test
 
 import (
 	"context"
-	"os"
 	"sync"
 	"testing"
 
@@ -13,7 +12,7 @@ import (
 	"github.com/dlock-go/dlock/redis"
 )
 
-// harness runs the conformance suite on the server at DLOCK_REDIS_ADDR.
+// harness runs the conformance suite on the package's Redis container.
 // Each Locker gets its own client, as a separate process would.
 type harness struct {
 	admin *goredis.Client
@@ -54,10 +53,7 @@ func (h *harness) Close() {
 }
 
 func TestConformance(t *testing.T) {
-	addr := os.Getenv(addrEnv)
-	if addr == "" {
-		t.Skipf("no Redis server: set %s=host:port to run this test", addrEnv)
-	}
+	addr := serverAddr(t)
 	conformance.Run(t, func(ctx context.Context, t *testing.T) (conformance.Harness, error) {
 		return &harness{admin: goredis.NewClient(&goredis.Options{Addr: addr})}, nil
 	})

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -18,27 +17,29 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/redis"
 )
 
-// addrEnv names the environment variable with the address (host:port) of a
-// Redis server for the tests that need one. The server must have no
-// replicas; the tests change its maxmemory-policy briefly and flush its
-// script cache.
-const addrEnv = "DLOCK_REDIS_ADDR"
+func TestMain(m *testing.M) { servers.Main(m) }
+
+// serverAddr returns the address of the package's Redis server, a container
+// started on first use (see conformance/servers). It has no replicas; the
+// tests change its maxmemory-policy briefly and flush its script cache.
+func serverAddr(tb testing.TB) string {
+	tb.Helper()
+	return servers.Redis(tb, 1)[0].Addr()
+}
 
 // serverClient returns a client of the test server, closed at the end of
-// the test, or skips the test when there is none.
+// the test.
 func serverClient(tb testing.TB) *goredis.Client {
 	tb.Helper()
-	addr := os.Getenv(addrEnv)
-	if addr == "" {
-		tb.Skipf("no Redis server: set %s=host:port to run this test", addrEnv)
-	}
+	addr := serverAddr(tb)
 	c := goredis.NewClient(&goredis.Options{Addr: addr})
 	tb.Cleanup(func() { _ = c.Close() })
 	if err := c.Ping(tb.Context()).Err(); err != nil {
-		tb.Fatalf("Redis at %s=%s: %v", addrEnv, addr, err)
+		tb.Fatalf("Redis at %s: %v", addr, err)
 	}
 	return c
 }
@@ -384,7 +385,7 @@ func TestLockerHandoff(t *testing.T) {
 func TestOpenURL(t *testing.T) {
 	t.Parallel()
 	serverClient(t)
-	l, err := dlock.Open(t.Context(), "redis://"+os.Getenv(addrEnv)+"?ttl=5s&prefix=dlocktest:&eviction_check=refuse")
+	l, err := dlock.Open(t.Context(), "redis://"+serverAddr(t)+"?ttl=5s&prefix=dlocktest:&eviction_check=refuse")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -440,7 +441,7 @@ func TestEvictionCheck(t *testing.T) {
 		t.Fatalf("NewDriver with EvictionIgnore = %v", err)
 	}
 	_ = d.Close()
-	if _, err := dlock.Open(ctx, "redis://"+os.Getenv(addrEnv)); !errors.Is(err, dlock.ErrInvalidConfig) {
+	if _, err := dlock.Open(ctx, "redis://"+serverAddr(t)); !errors.Is(err, dlock.ErrInvalidConfig) {
 		t.Fatalf("Open under allkeys-lru = %v, want ErrInvalidConfig", err)
 	}
 }
