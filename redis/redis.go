@@ -23,12 +23,15 @@ import (
 var (
 	//go:embed acquire.lua
 	acquireSrc string
+	//go:embed fence.lua
+	fenceSrc string
 	//go:embed release.lua
 	releaseSrc string
 	//go:embed refresh.lua
 	refreshSrc string
 
 	acquireScript = goredis.NewScript(acquireSrc)
+	fenceScript   = goredis.NewScript(fenceSrc)
 	releaseScript = goredis.NewScript(releaseSrc)
 	refreshScript = goredis.NewScript(refreshSrc)
 )
@@ -222,7 +225,7 @@ func (d *Driver) start(ctx context.Context) error {
 	if err := d.checkEviction(ctx); err != nil {
 		return err
 	}
-	for _, s := range []*goredis.Script{acquireScript, releaseScript, refreshScript} {
+	for _, s := range []*goredis.Script{acquireScript, fenceScript, releaseScript, refreshScript} {
 		if err := s.Load(ctx, d.client).Err(); err != nil {
 			return fmt.Errorf("%w: redis: loading scripts: %w", backend.ErrUnavailable, err)
 		}
@@ -379,9 +382,13 @@ func ttlMillis(ttl time.Duration) (int64, error) {
 	return ms, nil
 }
 
-// TryAcquire makes one attempt to take the lock: one EVALSHA (plus WAIT in
-// the same pipeline when WaitReplicas > 0). A TTL that is not a whole number
-// of milliseconds is truncated down; the lease reports the truncated TTL.
+// TryAcquire makes one attempt to take the lock, in one round trip: one
+// EVALSHA of acquire.lua (SET key value NX PX ttl, and INCR of the key's
+// fencing counter when the SET took the lock), followed in the same
+// pipeline by WAIT when WaitReplicas > 0. A counter found below tokenFloor
+// (lost) is raised to the server clock by fence.lua before the token is
+// handed out. A TTL that is not a whole number of milliseconds is truncated
+// down; the lease reports the truncated TTL.
 //
 // When the key is held it returns a *[backend.HeldError] whose RetryAfter is
 // the holder's remaining PTTL (0 if the key has no expiry). On a network
@@ -396,51 +403,50 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 	}
 	lk := d.lockKey(key)
 	l := &lease{d: d, keys: []string{lk, lk + fenceSuffix}, value: newValue(), ttl: time.Duration(ms) * time.Millisecond}
-
 	var (
-		res   any
-		waitN int64 = -1
+		res   int64
+		waitN = int64(d.waitN)
 	)
 	if d.waitN > 0 {
 		res, waitN, err = d.acquireWait(ctx, l.keys, l.value, ms)
 	} else {
-		res, err = acquireScript.Run(ctx, d.client, l.keys, l.value, ms).Result()
+		res, err = acquireScript.Run(ctx, d.client, l.keys, l.value, ms).Int64()
 	}
 	if err != nil {
 		l.cleanup(ctx)
 		return nil, unavailable(err)
 	}
-	switch v := res.(type) {
-	case int64:
-		if v <= 0 {
-			l.cleanup(ctx)
-			return nil, fmt.Errorf("%w: redis: acquire script returned token %d", backend.ErrUnavailable, v)
-		}
-		l.token = uint64(v)
-	case []any:
-		var pttl int64
-		if len(v) == 1 {
-			pttl, _ = v[0].(int64)
-		}
-		if pttl < 0 {
-			pttl = 0
-		}
+	if res < 0 {
+		pttl := max(-2-res, 0) // -1 (no expiry) counts as unknown
 		return nil, &backend.HeldError{RetryAfter: time.Duration(pttl) * time.Millisecond}
-	default:
-		l.cleanup(ctx)
-		return nil, fmt.Errorf("%w: redis: unexpected reply %T from the acquire script", backend.ErrUnavailable, res)
 	}
-	if waitN >= 0 && waitN < int64(d.waitN) {
+	if waitN < int64(d.waitN) {
 		l.cleanup(ctx)
 		return nil, fmt.Errorf("%w: redis: WAIT: %d of %d replicas acknowledged within %v; lock released",
 			backend.ErrUnavailable, waitN, d.waitN, d.waitTimeout)
 	}
+	if res < tokenFloor {
+		// The counter was lost (a restart without persistence, a
+		// failover, a deletion) or is new: raise it to the clock.
+		if res, err = fenceScript.Run(ctx, d.client, l.keys[1:]).Int64(); err != nil {
+			l.cleanup(ctx)
+			return nil, unavailable(err)
+		}
+	}
+	l.token = uint64(res)
 	return l, nil
 }
 
-// acquireWait sends the acquire script and WAIT in one pipeline (one
-// connection, as WAIT requires). waitN is -1 if WAIT did not answer.
-func (d *Driver) acquireWait(ctx context.Context, keys []string, value string, ms int64) (res any, waitN int64, err error) {
+// tokenFloor separates clock-based fencing counters from lost ones: a
+// counter is raised to the server's clock in microseconds (about 1.8e15 in
+// 2026) when it is created, and only grows, so a counter below 2^50 (the
+// clock in 2005) was lost and re-created by INCR.
+const tokenFloor = 1 << 50
+
+// acquireWait sends acquire.lua and WAIT in one pipeline (one connection,
+// as WAIT requires) and returns the script's reply and the number of
+// replicas that acknowledged.
+func (d *Driver) acquireWait(ctx context.Context, keys []string, value string, ms int64) (res, waitN int64, err error) {
 	run := func(eval bool) (*goredis.Cmd, *goredis.Cmd) {
 		pipe := d.client.Pipeline()
 		var ev *goredis.Cmd
@@ -459,14 +465,13 @@ func (d *Driver) acquireWait(ctx context.Context, keys []string, value string, m
 	if goredis.HasErrorPrefix(ev.Err(), "NOSCRIPT") {
 		ev, wt = run(true)
 	}
-	if ev.Err() != nil {
-		return nil, -1, ev.Err()
+	if res, err = ev.Int64(); err != nil {
+		return 0, 0, err
 	}
-	n, err := wt.Int64()
-	if err != nil {
-		return nil, -1, err
+	if waitN, err = wt.Int64(); err != nil {
+		return 0, 0, err
 	}
-	return ev.Val(), n, nil
+	return res, waitN, nil
 }
 
 // lease is one grant.
