@@ -107,20 +107,60 @@ func BenchmarkCycle(b *testing.B) {
 	}
 }
 
-// BenchmarkHandoff measures a contended handoff: goroutines take turns on
-// one key through Locker.Acquire, so each cycle includes a waiter being
-// woken by the release notification.
+// BenchmarkHandoff measures contended handoff: 8 goroutines, each with its
+// own Locker (as separate processes would have), take turns on one key
+// through Locker.Acquire, so every cycle includes waking a waiter.
+// handoff-ns is the mean time from a holder's Release returning to another
+// goroutine's Acquire returning (the wait a queued process sees, which
+// polling designs pay as their retry interval); ping-ns is the mean PING
+// round trip on the same server in the same run, for scale; ns/op is the
+// cycle time.
 func BenchmarkHandoff(b *testing.B) {
-	c := serverClient(b)
-	l, err := redis.New(b.Context(), c, nil)
-	if err != nil {
-		b.Fatal(err)
+	const goroutines = 8
+	addr := serverAddr(b)
+	lockers := make([]*dlock.Locker, goroutines)
+	for i := range lockers {
+		c := goredis.NewClient(&goredis.Options{Addr: addr})
+		l, err := redis.New(b.Context(), c, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		lockers[i] = l
+		b.Cleanup(func() {
+			l.Close()
+			c.Close()
+		})
 	}
-	defer l.Close()
 	key := fmt.Sprintf("bench/handoff/%d", time.Now().UnixNano())
 	ao := &dlock.AcquireOptions{TTL: 30 * time.Second}
-	b.SetParallelism(2)
+	var pc goredis.UniversalClient
+	if !lockers[0].As(&pc) {
+		b.Fatal("Locker.As(*goredis.UniversalClient) = false")
+	}
+	const pings = 1000
+	ping := time.Now()
+	for range pings {
+		if err := pc.Ping(b.Context()).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	pingNs := float64(time.Since(ping).Nanoseconds()) / pings
+
+	type release struct {
+		at int64 // UnixNano
+		by int   // goroutine
+	}
+	var (
+		next     atomic.Int64 // which Locker the next goroutine takes
+		last     atomic.Pointer[release]
+		waited   atomic.Int64 // sum of handoff times
+		handoffs atomic.Int64
+	)
+	b.ResetTimer()
+	b.SetParallelism(max(1, goroutines/runtime.GOMAXPROCS(0)))
 	b.RunParallel(func(pb *testing.PB) {
+		me := int(next.Add(1) - 1)
+		l := lockers[me%goroutines]
 		ctx := context.Background()
 		for pb.Next() {
 			le, err := l.Acquire(ctx, key, ao)
@@ -128,10 +168,19 @@ func BenchmarkHandoff(b *testing.B) {
 				b.Error(err)
 				return
 			}
+			if r := last.Swap(nil); r != nil && r.by != me {
+				waited.Add(time.Now().UnixNano() - r.at)
+				handoffs.Add(1)
+			}
 			if err := le.Release(ctx); err != nil {
 				b.Error(err)
 				return
 			}
+			last.Store(&release{time.Now().UnixNano(), me})
 		}
 	})
+	b.ReportMetric(pingNs, "ping-ns")
+	if n := handoffs.Load(); n > 0 {
+		b.ReportMetric(float64(waited.Load())/float64(n), "handoff-ns")
+	}
 }
