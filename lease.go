@@ -82,7 +82,8 @@ func (le *Lease) Key() string { return le.key }
 func (le *Lease) Token() Token { return le.token }
 
 // TTL returns the lease time the server granted at the last acquire or
-// refresh (which may exceed what was asked, never fall short of it).
+// refresh. It may differ from what was asked where the backend says so
+// (etcd raises short TTLs; Redis truncates to whole milliseconds).
 func (le *Lease) TTL() time.Duration {
 	le.mu.Lock()
 	defer le.mu.Unlock()

@@ -181,8 +181,9 @@ type Lease interface {
 	// Token is the fencing token of this grant (0 if the backend issues
 	// none).
 	Token() uint64
-	// TTL is the lease time the server granted, which may be longer than
-	// asked (never shorter).
+	// TTL is the lease time the server granted. It may differ from what
+	// was asked: etcd raises TTLs below its minimum; Redis truncates to
+	// whole milliseconds. The dlock layer computes Lease.Deadline from it.
 	TTL() time.Duration
 	// Refresh extends the lease to ttl from now and returns the TTL
 	// granted. If the lease is no longer ours it returns an error wrapping

@@ -32,11 +32,11 @@
 // all belong to one slot). Keys that begin with "}" are rejected (they would
 // make an empty hash tag), and so is a Prefix containing "{" or "}".
 //
-//   - Acquire is one EVALSHA of acquire.lua: SET key value NX PX ttl, and on
-//     success a fencing token bumped in the same script. The value is 16
-//     bytes from crypto/rand, unique per grant. When the key is held, the
-//     script returns its PTTL, which the dlock layer uses to bound its wait
-//     ([backend.HeldError]).
+//   - Acquire is one EVALSHA of acquire.lua: SET key value NX PX ttl and, if
+//     that took the lock, INCR of the key's fencing counter, whose new value
+//     is the token. The value is 16 bytes from crypto/rand, unique per
+//     grant. When the key is held, the script returns its PTTL, which the
+//     dlock layer uses to bound its wait ([backend.HeldError]).
 //   - Release is one EVALSHA of release.lua: compare-and-delete, then
 //     PUBLISH on the key's release channel so that waiters wake at once.
 //   - Refresh is compare-and-PEXPIRE (refresh.lua); it never re-creates a
@@ -45,9 +45,9 @@
 //     shared by all keys being waited on in this process.
 //
 // Scripts are loaded at [New] and run by EVALSHA, falling back to EVAL if the
-// server's script cache was flushed (a restart, a failover). The scripts
-// need Redis 6.2 or later (SET ... GET; TIME before writes, which relies on
-// scripts replicating their effects).
+// server's script cache was flushed (a restart, a failover). fence.lua
+// calls TIME before a write, which needs scripts to replicate their effects
+// (the default since Redis 5, the only mode since Redis 7).
 //
 // # TTLs
 //
@@ -59,20 +59,31 @@
 //
 // # Fencing tokens
 //
-// Each grant's token is max(counter+1, server time in microseconds), where
-// counter is the previous token for the key, stored at Prefix+"{"+k+"}:fence"
-// with no TTL (one small key per distinct lock name, kept forever so tokens
-// keep increasing; delete them yourself if you retire lock names). The
-// server time comes from TIME inside the script. Tokens therefore increase
-// strictly per key while the counter survives, and when the counter is lost
-// (a restart without persistence, a failover to a replica that had not yet
-// received the last grant, an eviction, a manual DEL) the next token is the
-// new server's clock in microseconds, which is still larger than every
-// earlier token unless that server's clock is behind the clock that issued
-// the last token by more than the real time elapsed since that grant (for
-// example a replica whose clock is 5 s slow, promoted less than 5 s after
-// the last grant, or an NTP step backwards). Only in that case can a token
-// repeat or go backwards. Hence [backend.FencingBestEffort].
+// Tokens come from a counter per key, Prefix+"{"+k+"}:fence", with no TTL
+// (one small key per distinct lock name, kept so that tokens keep
+// increasing; delete them yourself if you retire lock names). Each grant
+// increments it in the same script that takes the lock, so tokens increase
+// strictly from one holder to the next while the counter survives.
+//
+// The counter is clock-based: when it is created it is raised to the server
+// clock in microseconds (TIME, in fence.lua), about 1.8e15 today, and it
+// only grows from there, by one per grant, far slower than the clock. A
+// counter that is lost (a restart without persistence, a failover to a
+// replica that never received it, an eviction, a DEL) comes back through
+// INCR as a small number; any value below 2^50 is taken as lost, and the
+// holder that sees it raises the counter to the server clock again before
+// taking its token. That token is larger than every earlier one unless the
+// new server's clock is behind the clock that initialised the lost counter
+// by more than the time since then, less the number of grants since then in
+// microseconds: in practice, only a clock stepped back by hours.
+//
+// What remains: a failover to a replica that had the counter but had not
+// received the last k increments (asynchronous replication) hands out up
+// to k tokens again, and these equal tokens of earlier holders. WaitReplicas
+// makes every acquire wait until its increment reached that many replicas,
+// which closes this window for failovers to one of them. Hence
+// [backend.FencingBestEffort]: use etcd or ZooKeeper where a repeated token
+// would be a correctness problem.
 //
 // # Replication (WAIT)
 //

@@ -130,6 +130,38 @@ func TestTokenSurvivesCounterLoss(t *testing.T) {
 	}
 }
 
+// TestTokenRepeatsAfterLaggingCounter pins down the documented residual of
+// best-effort fencing: a counter that survives but lags (a failover to a
+// replica that missed the last increments) hands out earlier tokens again.
+// If this test fails, the package documentation overstates the risk.
+func TestTokenRepeatsAfterLaggingCounter(t *testing.T) {
+	t.Parallel()
+	c := serverClient(t)
+	d := newDriver(t, c, nil)
+	key := uniqueKey(t)
+	fence := lockKey(key) + ":fence"
+	grant := func() uint64 {
+		t.Helper()
+		l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		return l.Token()
+	}
+	t1 := grant()
+	t2 := grant()
+	// The promoted replica had the counter as it was before t2's grant.
+	if err := c.Set(t.Context(), fence, t1, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if t3 := grant(); t3 != t2 {
+		t.Fatalf("after the counter fell back to %d: token %d, want the repeat %d the docs describe", t1, t3, t2)
+	}
+}
+
 func TestHeldAndOwnership(t *testing.T) {
 	t.Parallel()
 	c := serverClient(t)
