@@ -23,17 +23,23 @@ type Lease struct {
 	bl       backend.Lease
 	acquired time.Time
 	askedTTL time.Duration
-	done     chan struct{}
-	stopBG   context.CancelFunc // ends the watchdog and loss watcher
+	stopBG   context.CancelFunc // ends the watchdog and loss watcher; nil if there are none
 
-	opMu sync.Mutex // serializes Refresh and Release calls to bl
+	opMu     sync.Mutex // serializes Refresh and Release calls to bl
+	returned bool       // bl.Release was called; under opMu
 
 	mu       sync.Mutex
 	ttl      time.Duration
 	deadline time.Time
-	timer    *time.Timer
-	err      error // set once, before done is closed
+	err      error         // set once, when the lease ends
+	done     chan struct{} // made by the first Done; closedChan if the lease ended first
+	timer    *time.Timer   // closes done at the deadline; made with done
+
+	prev, next *Lease // in the Locker's list of held leases, under l.mu
 }
+
+// closedChan is the Done channel of a lease that ended before anyone asked.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *AcquireOptions) (*Lease, error) {
 	le := &Lease{
@@ -43,20 +49,24 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 		bl:       bl,
 		acquired: start,
 		askedTTL: ao.TTL,
-		done:     make(chan struct{}),
 		ttl:      bl.TTL(),
 	}
 	le.deadline = start.Add(le.ttl - l.margin(le.ttl))
-	bg, stop := context.WithCancel(context.Background())
-	le.stopBG = stop
-	le.mu.Lock()
-	le.timer = time.AfterFunc(time.Until(le.deadline), le.checkDeadline)
-	le.mu.Unlock()
+	notifier, _ := bl.(backend.LossNotifier)
+	bg := context.Background()
+	if notifier != nil || ao.AutoRefresh {
+		// Only background goroutines need a way to be stopped.
+		bg, le.stopBG = context.WithCancel(bg)
+	}
 
 	l.mu.Lock()
 	closed := l.closed
 	if !closed {
-		l.leases[le] = struct{}{}
+		le.next = l.held
+		if l.held != nil {
+			l.held.prev = le
+		}
+		l.held = le
 	}
 	l.mu.Unlock()
 	if closed {
@@ -64,8 +74,8 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 		_ = le.release(bg, ErrClosed)
 		return nil, ErrClosed
 	}
-	if n, ok := bl.(backend.LossNotifier); ok {
-		go le.watchLoss(bg, n)
+	if notifier != nil {
+		go le.watchLoss(bg, notifier)
 	}
 	if ao.AutoRefresh {
 		go le.watchdog(bg, ao.TTL, start.Add(ao.MaxHold))
@@ -106,12 +116,25 @@ func (le *Lease) Deadline() time.Time {
 // or its Locker closed. Done can fire late (a paused process learns late);
 // only a resource that checks the fencing token is safe from a holder that
 // no longer holds the lock.
-func (le *Lease) Done() <-chan struct{} { return le.done }
+func (le *Lease) Done() <-chan struct{} {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	if le.done == nil {
+		if le.err != nil {
+			return closedChan
+		}
+		// Made on demand, so that leases nobody watches cost no timer.
+		le.done = make(chan struct{})
+		le.timer = time.AfterFunc(time.Until(le.deadline), le.checkDeadline)
+	}
+	return le.done
+}
 
 // Err returns nil while the lease is held; after Done is closed, an error
 // that matches ErrLeaseLost if the lease was lost, ErrNotHeld if it was
 // released, or ErrClosed if its Locker was closed.
 func (le *Lease) Err() error {
+	le.checkDeadline()
 	le.mu.Lock()
 	defer le.mu.Unlock()
 	return le.err
@@ -123,7 +146,7 @@ func (le *Lease) Context(parent context.Context) (context.Context, context.Cance
 	ctx, cancel := context.WithCancelCause(parent)
 	go func() {
 		select {
-		case <-le.done:
+		case <-le.Done():
 			cancel(le.Err())
 		case <-ctx.Done():
 		}
@@ -165,13 +188,16 @@ func (le *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 	if !lost {
 		le.ttl = granted
 		le.deadline = start.Add(granted - le.l.margin(granted))
-		le.timer.Reset(time.Until(le.deadline))
+		if le.timer != nil {
+			le.timer.Reset(time.Until(le.deadline))
+		}
 	}
 	le.mu.Unlock()
 	if lost {
 		// The deadline passed while the refresh was in flight, and Done
 		// has fired: give back what the server just extended.
 		_ = le.bl.Release(ctx)
+		le.returned = true
 		return opErr("refresh", le.key, notHeld(le.Err()))
 	}
 	return nil
@@ -183,42 +209,42 @@ func (le *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 // reached the error matches ErrUnavailable and the lease stays as it was, so
 // Release can be tried again; the lock otherwise ends with its TTL.
 func (le *Lease) Release(ctx context.Context) error {
-	if err := le.release(ctx, fmt.Errorf("%w: released", ErrNotHeld)); err != nil {
+	if err := le.release(ctx, errReleased); err != nil {
 		return opErr("release", le.key, err)
 	}
 	return nil
 }
+
+// errReleased is the Err of a released lease.
+var errReleased = fmt.Errorf("%w: released", ErrNotHeld)
 
 // release gives the lock back and ends the lease with reason.
 func (le *Lease) release(ctx context.Context, reason error) error {
 	le.opMu.Lock()
 	defer le.opMu.Unlock()
 	if err := le.Err(); err != nil {
-		if errors.Is(err, ErrLeaseLost) {
+		if !le.returned && errors.Is(err, ErrLeaseLost) {
 			// Lost by our own deadline: the key may still be ours on
 			// the server for the drift margin. Free it for others.
 			_ = le.bl.Release(ctx)
-			le.markReleased()
+			le.returned = true
 		}
 		return notHeld(err)
 	}
 	err := le.bl.Release(ctx)
 	switch {
 	case err == nil:
+		le.returned = true
 		le.end(reason)
-		le.markReleased()
 		return nil
 	case errors.Is(err, ErrNotHeld):
+		le.returned = true
 		le.end(fmt.Errorf("%w: release found the lock no longer ours", ErrLeaseLost))
-		le.markReleased()
 		return err
 	default:
 		return err
 	}
 }
-
-// markReleased ensures bl.Release is not called again, as backend requires.
-func (le *Lease) markReleased() { le.bl = releasedLease{le.bl} }
 
 // notHeld turns the reason a lease ended into the error of a later Release or
 // Refresh: it matches ErrNotHeld and the reason.
@@ -237,16 +263,32 @@ func (le *Lease) end(err error) {
 		return
 	}
 	le.err = err
-	le.timer.Stop()
+	if le.done == nil {
+		le.done = closedChan
+	} else {
+		le.timer.Stop()
+		close(le.done)
+	}
 	le.mu.Unlock()
-	le.stopBG()
-	close(le.done)
-	le.l.mu.Lock()
-	delete(le.l.leases, le)
-	le.l.mu.Unlock()
+	if le.stopBG != nil {
+		le.stopBG()
+	}
+	l := le.l
+	l.mu.Lock()
+	if le.prev != nil {
+		le.prev.next = le.next
+	} else if l.held == le {
+		l.held = le.next
+	}
+	if le.next != nil {
+		le.next.prev = le.prev
+	}
+	le.prev, le.next = nil, nil
+	l.mu.Unlock()
 }
 
-// checkDeadline runs when the deadline timer fires.
+// checkDeadline ends the lease as lost if its deadline has passed. It runs
+// when the deadline timer fires, and from Err.
 func (le *Lease) checkDeadline() {
 	le.mu.Lock()
 	expired := le.err == nil && !time.Now().Before(le.deadline)
@@ -293,13 +335,3 @@ func (le *Lease) watchdog(ctx context.Context, ttl time.Duration, maxUntil time.
 		}
 	}
 }
-
-// releasedLease stands in for a backend lease after its Release returned, so
-// that the backend is never called again for it.
-type releasedLease struct{ backend.Lease }
-
-func (releasedLease) Refresh(context.Context, time.Duration) (time.Duration, error) {
-	return 0, fmt.Errorf("%w: released", ErrNotHeld)
-}
-
-func (releasedLease) Release(context.Context) error { return fmt.Errorf("%w: released", ErrNotHeld) }

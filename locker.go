@@ -123,14 +123,14 @@ type Locker struct {
 	closed   bool
 	closedCh chan struct{}
 	inflight sync.WaitGroup
-	leases   map[*Lease]struct{}
+	held     *Lease // leases held through this Locker, a list linked by Lease.prev/next
 }
 
 // New returns a Locker over the backend driver d. Backend packages offer
 // constructors that call it (for example redis.New); use New directly only
 // to wrap a driver of your own.
 func New(d backend.Driver, opts *Options) *Locker {
-	l := &Locker{drv: d, limits: d.Limits(), closedCh: make(chan struct{}), leases: map[*Lease]struct{}{}}
+	l := &Locker{drv: d, limits: d.Limits(), closedCh: make(chan struct{})}
 	if opts != nil {
 		l.opts = *opts
 	}
@@ -351,8 +351,8 @@ func (l *Locker) Close() error {
 	}
 	l.closed = true
 	close(l.closedCh)
-	leases := make([]*Lease, 0, len(l.leases))
-	for le := range l.leases {
+	var leases []*Lease
+	for le := l.held; le != nil; le = le.next {
 		leases = append(leases, le)
 	}
 	l.mu.Unlock()

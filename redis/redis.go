@@ -40,7 +40,7 @@ var (
 // the closing brace of the hash tag, so they share the lock key's slot.
 const (
 	fenceSuffix   = ":fence"
-	releaseSuffix = ":released"
+	releaseSuffix = ":released" // also spelled out in release.lua
 )
 
 // DefaultPrefix is the key prefix used when [Options].Prefix is empty.
@@ -402,15 +402,15 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 		return nil, err
 	}
 	lk := d.lockKey(key)
-	l := &lease{d: d, keys: []string{lk, lk + fenceSuffix}, value: newValue(), ttl: time.Duration(ms) * time.Millisecond}
+	l := &lease{d: d, keys: [2]string{lk, lk + fenceSuffix}, value: newValue(), ttl: time.Duration(ms) * time.Millisecond}
 	var (
 		res   int64
 		waitN = int64(d.waitN)
 	)
 	if d.waitN > 0 {
-		res, waitN, err = d.acquireWait(ctx, l.keys, l.value, ms)
+		res, waitN, err = d.acquireWait(ctx, l.keys[:], l.value, ms)
 	} else {
-		res, err = acquireScript.Run(ctx, d.client, l.keys, l.value, ms).Int64()
+		res, err = acquireScript.Run(ctx, d.client, l.keys[:], l.value, ms).Int64()
 	}
 	if err != nil {
 		l.cleanup(ctx)
@@ -477,7 +477,7 @@ func (d *Driver) acquireWait(ctx context.Context, keys []string, value string, m
 // lease is one grant.
 type lease struct {
 	d     *Driver
-	keys  []string // lock key, counter key
+	keys  [2]string // lock key, counter key
 	value string
 	token uint64
 	ttl   time.Duration
@@ -507,7 +507,7 @@ func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 
 // Release deletes the lock if it is still ours and wakes its waiters.
 func (l *lease) Release(ctx context.Context) error {
-	n, err := releaseScript.Run(ctx, l.d.client, l.keys[:1], l.value, l.keys[0]+releaseSuffix).Int64()
+	n, err := releaseScript.Run(ctx, l.d.client, l.keys[:1], l.value).Int64()
 	if err != nil {
 		return unavailable(err)
 	}
@@ -524,5 +524,5 @@ var errNotHeld = fmt.Errorf("%w: redis: the lock key is gone or has another owne
 func (l *lease) cleanup(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_ = releaseScript.Run(ctx, l.d.client, l.keys[:1], l.value, l.keys[0]+releaseSuffix).Err()
+	_ = releaseScript.Run(ctx, l.d.client, l.keys[:1], l.value).Err()
 }
