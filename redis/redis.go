@@ -401,8 +401,11 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 	if err != nil {
 		return nil, err
 	}
-	lk := d.lockKey(key)
-	l := &lease{d: d, keys: [2]string{lk, lk + fenceSuffix}, value: newValue(), ttl: time.Duration(ms) * time.Millisecond}
+	// One allocation for both keys: the lock key is a prefix of the
+	// counter key.
+	fk := d.prefix + "{" + key + "}" + fenceSuffix // d.lockKey(key) + fenceSuffix
+	lk := fk[:len(fk)-len(fenceSuffix)]
+	l := &lease{d: d, keys: [2]string{lk, fk}, value: newValue(), ttl: time.Duration(ms) * time.Millisecond}
 	var (
 		res   int64
 		waitN = int64(d.waitN)

@@ -26,7 +26,8 @@
 # (stand-in rootfs cache; default /var/cache/dlock as root, else
 # ~/.cache/dlock), DLOCK_DEBIAN_MIRROR (default: read from the apt sources),
 # DLOCK_DEBIAN_SUITE (default: this host's codename, else bookworm),
-# DLOCK_DOCKERD_LOG (default /tmp/dlock-dockerd.log), DLOCK_PULL_TIMEOUT
+# DLOCK_DOCKERD_LOG (default /tmp/dlock-dockerd.log), DLOCK_TEST_LOG (the
+# verbose go test log, default /tmp/dlock-test.log), DLOCK_PULL_TIMEOUT
 # (seconds, default 60).
 set -euo pipefail
 
@@ -290,9 +291,20 @@ if ! $have_pkg; then
 	set -- "$@" ./...
 fi
 
-step "go test -race -count=1 $*"
+step "go test -race -count=1 -v $*"
+# The full verbose log goes to a file; the console shows each package's
+# result, every top-level test of the conformance suite (so the log shows
+# which backends ran it), and anything that failed or skipped.
+log=${DLOCK_TEST_LOG:-${TMPDIR:-/tmp}/dlock-test.log}
+note "full log: $log"
 start=$SECONDS
 status=0
-go test -race -count=1 "$@" || status=$?
+go test -race -count=1 -v "$@" >"$log" 2>&1 || status=$?
+grep -E '^(ok|FAIL|panic:|\?|--- PASS: TestConformance|--- (FAIL|SKIP)|\s+--- (FAIL|SKIP)|\s+[a-z_]+\.go:[0-9]+:)' "$log" |
+	sed -E 's/^--- PASS: (TestConformance[^ ]*)/    conformance suite passed: \1/' || true
 note "go test finished in $((SECONDS - start))s with status $status"
+if [ "$status" -ne 0 ]; then
+	note "last lines of $log:"
+	tail -n 40 "$log" >&2
+fi
 exit "$status"
