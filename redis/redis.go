@@ -405,15 +405,18 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 	// counter key.
 	fk := d.prefix + "{" + key + "}" + fenceSuffix // d.lockKey(key) + fenceSuffix
 	lk := fk[:len(fk)-len(fenceSuffix)]
-	l := &lease{d: d, keys: [2]string{lk, fk}, value: newValue(), ttl: time.Duration(ms) * time.Millisecond}
+	l := &lease{d: d, keys: [2]string{lk, fk}, ttl: time.Duration(ms) * time.Millisecond}
+	// The script arguments live in the lease, boxed once: the value is
+	// sent again by Release and Refresh.
+	l.args = [2]any{newValue(), ms}
 	var (
 		res   int64
 		waitN = int64(d.waitN)
 	)
 	if d.waitN > 0 {
-		res, waitN, err = d.acquireWait(ctx, l.keys[:], l.value, ms)
+		res, waitN, err = d.acquireWait(ctx, l.keys[:], l.args[:])
 	} else {
-		res, err = acquireScript.Run(ctx, d.client, l.keys[:], l.value, ms).Int64()
+		res, err = acquireScript.Run(ctx, d.client, l.keys[:], l.args[:]...).Int64()
 	}
 	if err != nil {
 		l.cleanup(ctx)
@@ -449,14 +452,14 @@ const tokenFloor = 1 << 50
 // acquireWait sends acquire.lua and WAIT in one pipeline (one connection,
 // as WAIT requires) and returns the script's reply and the number of
 // replicas that acknowledged.
-func (d *Driver) acquireWait(ctx context.Context, keys []string, value string, ms int64) (res, waitN int64, err error) {
+func (d *Driver) acquireWait(ctx context.Context, keys []string, args []any) (res, waitN int64, err error) {
 	run := func(eval bool) (*goredis.Cmd, *goredis.Cmd) {
 		pipe := d.client.Pipeline()
 		var ev *goredis.Cmd
 		if eval {
-			ev = acquireScript.Eval(ctx, pipe, keys, value, ms)
+			ev = acquireScript.Eval(ctx, pipe, keys, args...)
 		} else {
-			ev = acquireScript.EvalSha(ctx, pipe, keys, value, ms)
+			ev = acquireScript.EvalSha(ctx, pipe, keys, args...)
 		}
 		// Pipeliner has no Wait method; the reply is read with the
 		// client's ReadTimeout, hence WaitTimeout < ReadTimeout.
@@ -481,7 +484,7 @@ func (d *Driver) acquireWait(ctx context.Context, keys []string, value string, m
 type lease struct {
 	d     *Driver
 	keys  [2]string // lock key, counter key
-	value string
+	args  [2]any    // ownership value (string), acquire TTL in ms (int64)
 	token uint64
 	ttl   time.Duration
 }
@@ -498,7 +501,7 @@ func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 	if err != nil {
 		return 0, err
 	}
-	n, err := refreshScript.Run(ctx, l.d.client, l.keys[:1], l.value, ms).Int64()
+	n, err := refreshScript.Run(ctx, l.d.client, l.keys[:1], l.args[0], ms).Int64()
 	if err != nil {
 		return 0, unavailable(err)
 	}
@@ -510,7 +513,7 @@ func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 
 // Release deletes the lock if it is still ours and wakes its waiters.
 func (l *lease) Release(ctx context.Context) error {
-	n, err := releaseScript.Run(ctx, l.d.client, l.keys[:1], l.value).Int64()
+	n, err := releaseScript.Run(ctx, l.d.client, l.keys[:1], l.args[:1]...).Int64()
 	if err != nil {
 		return unavailable(err)
 	}
@@ -527,5 +530,5 @@ var errNotHeld = fmt.Errorf("%w: redis: the lock key is gone or has another owne
 func (l *lease) cleanup(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_ = releaseScript.Run(ctx, l.d.client, l.keys[:1], l.value).Err()
+	_ = releaseScript.Run(ctx, l.d.client, l.keys[:1], l.args[:1]...).Err()
 }
