@@ -128,7 +128,8 @@ func parseURL(u *url.URL) (*goredis.Options, *Options, error) {
 	if err != nil {
 		// go-redis rejects unknown parameters ("unexpected option") and bad
 		// values; its messages do not include the password.
-		return nil, nil, bad("%w", err)
+		// go-redis's messages begin with "redis: " already.
+		return nil, nil, fmt.Errorf("%w: %w", backend.ErrInvalidConfig, err)
 	}
 	return co, &o, nil
 }
