@@ -86,8 +86,8 @@ type Options struct {
 	RetryMin, RetryMax time.Duration
 	// DriftFactor is the share of a TTL assumed lost to clock drift between
 	// this process and the servers: Lease.Deadline is the time the grant was
-	// requested plus TTL minus TTL×DriftFactor minus 2 ms.
-	// Default DefaultDriftFactor (0.01).
+	// requested plus TTL minus TTL×DriftFactor minus 2 ms. It must be below
+	// 0.5. Default DefaultDriftFactor (0.01).
 	DriftFactor float64
 	// Logger receives warnings (failed background refreshes, failed
 	// releases at Close). Default slog.Default().
@@ -117,6 +117,7 @@ type Locker struct {
 	drv    backend.Driver
 	limits backend.Limits
 	opts   Options
+	cfgErr error // a bad Options field, returned by every acquire
 	log    *slog.Logger
 
 	mu       sync.Mutex
@@ -128,27 +129,39 @@ type Locker struct {
 
 // New returns a Locker over the backend driver d. Backend packages offer
 // constructors that call it (for example redis.New); use New directly only
-// to wrap a driver of your own.
+// to wrap a driver of your own. Zero fields of opts take their defaults; a
+// field out of range (a negative duration, DriftFactor of 0.5 or more,
+// RetryMax below RetryMin, a TTL outside the backend's limits) makes every
+// acquire fail with an error matching ErrInvalidConfig or ErrInvalidTTL,
+// before any I/O.
 func New(d backend.Driver, opts *Options) *Locker {
 	l := &Locker{drv: d, limits: d.Limits(), closedCh: make(chan struct{})}
 	if opts != nil {
 		l.opts = *opts
 	}
 	o := &l.opts
-	if o.TTL <= 0 {
+	switch {
+	case o.TTL < 0 || o.RetryMin < 0 || o.RetryMax < 0:
+		l.cfgErr = fmt.Errorf("%w: negative duration in Options (TTL %v, RetryMin %v, RetryMax %v)", ErrInvalidConfig, o.TTL, o.RetryMin, o.RetryMax)
+	case o.DriftFactor < 0 || o.DriftFactor >= 0.5:
+		l.cfgErr = fmt.Errorf("%w: Options.DriftFactor %v: want 0 (default) up to 0.5", ErrInvalidConfig, o.DriftFactor)
+	case o.RetryMin > 0 && o.RetryMax > 0 && o.RetryMax < o.RetryMin:
+		l.cfgErr = fmt.Errorf("%w: Options.RetryMax %v is below RetryMin %v", ErrInvalidConfig, o.RetryMax, o.RetryMin)
+	}
+	if o.TTL == 0 {
 		o.TTL = DefaultTTL
 	}
-	if o.RetryMin <= 0 {
+	if o.RetryMin == 0 {
 		o.RetryMin = DefaultRetryMin
 	}
-	if o.RetryMax <= 0 {
-		o.RetryMax = DefaultRetryMax
+	if o.RetryMax == 0 {
+		o.RetryMax = max(DefaultRetryMax, o.RetryMin)
 	}
-	if o.RetryMax < o.RetryMin {
-		o.RetryMax = o.RetryMin
-	}
-	if o.DriftFactor <= 0 {
+	if o.DriftFactor == 0 {
 		o.DriftFactor = DefaultDriftFactor
+	}
+	if l.cfgErr == nil {
+		l.cfgErr = l.checkTTL(o.TTL)
 	}
 	l.log = o.Logger
 	if l.log == nil {
@@ -257,6 +270,9 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 
 // check validates key and options before any I/O and fills in defaults.
 func (l *Locker) check(key string, ao *AcquireOptions) error {
+	if l.cfgErr != nil {
+		return l.cfgErr
+	}
 	if err := l.checkKey(key); err != nil {
 		return err
 	}

@@ -89,9 +89,9 @@ func Open(ctx context.Context, rawURL string) (*Locker, error) {
 		return nil, opErr("open", "", err)
 	}
 	l := New(d, &opts)
-	if err := l.checkTTL(l.opts.TTL); err != nil {
+	if l.cfgErr != nil {
 		_ = d.Close()
-		return nil, opErr("open", "", err)
+		return nil, opErr("open", "", l.cfgErr)
 	}
 	return l, nil
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
-	_ "github.com/dlock-go/dlock/memory"
+	"github.com/dlock-go/dlock/memory"
 )
 
 func TestOpenUnknownScheme(t *testing.T) {
@@ -90,5 +90,25 @@ func TestGradeString(t *testing.T) {
 		if g.String() != want {
 			t.Errorf("%d.String() = %q, want %q", int(g), g.String(), want)
 		}
+	}
+}
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	for name, o := range map[string]dlock.Options{
+		"negative TTL":     {TTL: -time.Second},
+		"TTL below floor":  {TTL: time.Microsecond},
+		"negative retry":   {RetryMin: -time.Millisecond},
+		"max below min":    {RetryMin: time.Second, RetryMax: time.Millisecond},
+		"drift factor 0.5": {DriftFactor: 0.5},
+		"negative drift":   {DriftFactor: -0.1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			l := memory.New(memory.NewStore(), &o)
+			defer l.Close()
+			_, err := l.TryAcquire(t.Context(), "k", nil)
+			if !errors.Is(err, dlock.ErrInvalidConfig) && !errors.Is(err, dlock.ErrInvalidTTL) {
+				t.Errorf("TryAcquire with Options %+v = %v; want ErrInvalidConfig or ErrInvalidTTL", o, err)
+			}
+		})
 	}
 }
