@@ -19,7 +19,9 @@ var (
 	// error matches ctx.Err() too.
 	ErrNotAcquired = backend.ErrNotAcquired
 	// ErrNotHeld: Release or Refresh of a lease that is no longer held
-	// (released already, or lost). Nothing was changed on the server.
+	// (released already, or lost). No other holder's lock was touched; a
+	// lease lost to its own deadline still deletes its own key if it is
+	// there, to free it for others.
 	ErrNotHeld = backend.ErrNotHeld
 	// ErrLeaseLost: the lease ended without Release; Lease.Err returns it
 	// once Lease.Done is closed.

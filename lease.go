@@ -26,14 +26,14 @@ type Lease struct {
 	stopBG   context.CancelFunc // ends the watchdog and loss watcher; nil if there are none
 
 	opMu     sync.Mutex // serializes Refresh and Release calls to bl
-	returned bool       // bl.Release was called; under opMu
+	returned bool       // bl.Release succeeded or found the lock gone; under opMu
 
 	mu       sync.Mutex
 	ttl      time.Duration
 	deadline time.Time
 	err      error         // set once, when the lease ends
 	done     chan struct{} // made by the first Done; closedChan if the lease ended first
-	timer    *time.Timer   // closes done at the deadline; made with done
+	timer    *time.Timer   // ends the lease at the deadline
 
 	prev, next *Lease // in the Locker's list of held leases, under l.mu
 }
@@ -59,6 +59,12 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 		bg, le.stopBG = context.WithCancel(bg)
 	}
 
+	// le.mu is held until the lease is set up: the timer and the
+	// goroutines can end it only then.
+	le.mu.Lock()
+	// The lease ends at its deadline even if nobody watches it, so that
+	// abandoned leases leave the Locker's list and stop their goroutines.
+	le.timer = time.AfterFunc(time.Until(le.deadline), le.checkDeadline)
 	l.mu.Lock()
 	closed := l.closed
 	if !closed {
@@ -67,18 +73,28 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 			l.held.prev = le
 		}
 		l.held = le
+		if notifier != nil {
+			l.bg.Add(1)
+			go func() {
+				defer l.bg.Done()
+				le.watchLoss(bg, notifier)
+			}()
+		}
+		if ao.AutoRefresh {
+			l.bg.Add(1)
+			go func() {
+				defer l.bg.Done()
+				le.watchdog(bg, ao.TTL, start.Add(ao.MaxHold))
+			}()
+		}
 	}
 	l.mu.Unlock()
+	le.mu.Unlock()
 	if closed {
 		// Close began while we were acquiring: give the lock back.
-		_ = le.release(bg, ErrClosed)
+		_ = le.release(context.Background(), ErrClosed)
+		le.end(ErrClosed)
 		return nil, ErrClosed
-	}
-	if notifier != nil {
-		go le.watchLoss(bg, notifier)
-	}
-	if ao.AutoRefresh {
-		go le.watchdog(bg, ao.TTL, start.Add(ao.MaxHold))
 	}
 	return le, nil
 }
@@ -120,12 +136,8 @@ func (le *Lease) Done() <-chan struct{} {
 	le.mu.Lock()
 	defer le.mu.Unlock()
 	if le.done == nil {
-		if le.err != nil {
-			return closedChan
-		}
-		// Made on demand, so that leases nobody watches cost no timer.
+		// Made on demand: most leases are released without a look.
 		le.done = make(chan struct{})
-		le.timer = time.AfterFunc(time.Until(le.deadline), le.checkDeadline)
 	}
 	return le.done
 }
@@ -188,16 +200,13 @@ func (le *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 	if !lost {
 		le.ttl = granted
 		le.deadline = start.Add(granted - le.l.margin(granted))
-		if le.timer != nil {
-			le.timer.Reset(time.Until(le.deadline))
-		}
+		le.timer.Reset(time.Until(le.deadline))
 	}
 	le.mu.Unlock()
 	if lost {
 		// The deadline passed while the refresh was in flight, and Done
 		// has fired: give back what the server just extended.
-		_ = le.bl.Release(ctx)
-		le.returned = true
+		le.giveBack(ctx)
 		return opErr("refresh", le.key, notHeld(le.Err()))
 	}
 	return nil
@@ -215,6 +224,21 @@ func (le *Lease) Release(ctx context.Context) error {
 	return nil
 }
 
+// giveBack releases the lock of a lease that has ended already, if it may
+// still be ours on the server; ctx's cancellation is ignored (the lease's
+// own background context is cancelled by then), a short timeout is not.
+// le.opMu is held.
+func (le *Lease) giveBack(ctx context.Context) {
+	if le.returned {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeReleaseTimeout)
+	defer cancel()
+	if err := le.bl.Release(ctx); err == nil || errors.Is(err, ErrNotHeld) {
+		le.returned = true
+	}
+}
+
 // errReleased is the Err of a released lease.
 var errReleased = fmt.Errorf("%w: released", ErrNotHeld)
 
@@ -223,11 +247,10 @@ func (le *Lease) release(ctx context.Context, reason error) error {
 	le.opMu.Lock()
 	defer le.opMu.Unlock()
 	if err := le.Err(); err != nil {
-		if !le.returned && errors.Is(err, ErrLeaseLost) {
+		if errors.Is(err, ErrLeaseLost) {
 			// Lost by our own deadline: the key may still be ours on
 			// the server for the drift margin. Free it for others.
-			_ = le.bl.Release(ctx)
-			le.returned = true
+			le.giveBack(ctx)
 		}
 		return notHeld(err)
 	}
@@ -263,10 +286,10 @@ func (le *Lease) end(err error) {
 		return
 	}
 	le.err = err
+	le.timer.Stop()
 	if le.done == nil {
 		le.done = closedChan
 	} else {
-		le.timer.Stop()
 		close(le.done)
 	}
 	le.mu.Unlock()

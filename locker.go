@@ -120,9 +120,12 @@ type Locker struct {
 	cfgErr error // a bad Options field, returned by every acquire
 	log    *slog.Logger
 
+	closing context.Context // cancelled by Close
+	close   context.CancelFunc
+	bg      sync.WaitGroup // leases' watchdogs and loss watchers
+
 	mu       sync.Mutex
 	closed   bool
-	closedCh chan struct{}
 	inflight sync.WaitGroup
 	held     *Lease // leases held through this Locker, a list linked by Lease.prev/next
 }
@@ -135,7 +138,8 @@ type Locker struct {
 // acquire fail with an error matching ErrInvalidConfig or ErrInvalidTTL,
 // before any I/O.
 func New(d backend.Driver, opts *Options) *Locker {
-	l := &Locker{drv: d, limits: d.Limits(), closedCh: make(chan struct{})}
+	l := &Locker{drv: d, limits: d.Limits()}
+	l.closing, l.close = context.WithCancel(context.Background())
 	if opts != nil {
 		l.opts = *opts
 	}
@@ -170,8 +174,13 @@ func New(d backend.Driver, opts *Options) *Locker {
 	return l
 }
 
-// Guarantees reports what the backend promises.
-func (l *Locker) Guarantees() Guarantees { return l.drv.Guarantees() }
+// Guarantees reports what the backend promises. WakesWaiters is filled in
+// here: it is true when the backend tells waiters of releases.
+func (l *Locker) Guarantees() Guarantees {
+	g := l.drv.Guarantees()
+	_, g.WakesWaiters = l.drv.(backend.Waiter)
+	return g
+}
 
 // As lets a caller reach the backend's own types: it sets *target and
 // reports true when the backend driver supports the target's type (each
@@ -210,62 +219,89 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 		return nil, opErr(op, key, err)
 	}
 	defer l.inflight.Done()
+	if err := ctx.Err(); err != nil {
+		return nil, opErr(op, key, cancelled(ctx))
+	}
+	lease, err := l.try(ctx, key, &ao)
+	if err == nil || !wait || !errors.Is(err, ErrNotAcquired) {
+		return lease, l.acquireErr(ctx, op, key, err)
+	}
 
+	// Wait. From here on Close ends the wait: the context is cancelled
+	// with ErrClosed as its cause.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer context.AfterFunc(l.closing, func() { cancel(ErrClosed) })()
 	var (
 		wake      <-chan struct{}
 		stopWatch func()
 	)
-	waiter, _ := l.drv.(backend.Waiter)
 	defer func() {
 		if stopWatch != nil {
 			stopWatch()
 		}
 	}()
+	waiter, _ := l.drv.(backend.Waiter)
 	for attempt := 0; ; attempt++ {
-		if err := ctx.Err(); err != nil {
-			return nil, opErr(op, key, cancelled(ctx))
-		}
-		lease, err := l.try(ctx, key, &ao)
-		if err == nil {
-			return lease, nil
-		}
-		if ctx.Err() != nil && wait {
-			return nil, opErr(op, key, cancelled(ctx))
-		}
-		if !wait || !errors.Is(err, ErrNotAcquired) {
-			return nil, opErr(op, key, err)
-		}
-		var held *backend.HeldError
 		var retryAfter time.Duration
-		if errors.As(err, &held) {
+		if held := (*backend.HeldError)(nil); errors.As(err, &held) {
 			retryAfter = held.RetryAfter
 		}
+		watched := false
 		if waiter != nil && wake == nil {
 			ch, stop, werr := waiter.Watch(ctx, key)
-			if werr != nil {
-				if ctx.Err() != nil {
-					return nil, opErr(op, key, cancelled(ctx))
-				}
-				return nil, opErr(op, key, werr)
+			switch {
+			case werr == nil:
+				// Try again at once: the key may have been freed
+				// before the watch was in force.
+				wake, stopWatch, watched = ch, stop, true
+			case ctx.Err() != nil:
+				return nil, l.acquireErr(ctx, op, key, werr)
+			default:
+				l.log.Warn("dlock: cannot watch for releases; polling instead", "key", key, "err", werr)
+				waiter = nil
 			}
-			wake, stopWatch = ch, stop
-			// Try again at once: the key may have been freed before
-			// the watch was in force.
-			continue
 		}
-		t := time.NewTimer(l.retryDelay(attempt, retryAfter, wake != nil))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, opErr(op, key, cancelled(ctx))
-		case <-l.closedCh:
-			t.Stop()
-			return nil, opErr(op, key, ErrClosed)
-		case <-wake:
-			t.Stop()
-		case <-t.C:
+		if !watched {
+			if err := sleep(ctx, l.retryDelay(attempt, retryAfter, wake != nil), wake); err != nil {
+				return nil, l.acquireErr(ctx, op, key, err)
+			}
+		}
+		lease, err = l.try(ctx, key, &ao)
+		if err == nil || !errors.Is(err, ErrNotAcquired) {
+			return lease, l.acquireErr(ctx, op, key, err)
 		}
 	}
+}
+
+// acquireErr is the error of an acquire that ended with err (nil: success).
+// When ctx has ended, the error says so: ErrClosed if Close ended it, else
+// one that matches ErrNotAcquired and ctx.Err().
+func (l *Locker) acquireErr(ctx context.Context, op, key string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() == nil:
+		return opErr(op, key, err)
+	case context.Cause(ctx) == ErrClosed:
+		return opErr(op, key, ErrClosed)
+	default:
+		return opErr(op, key, cancelled(ctx))
+	}
+}
+
+// sleep waits for d, a wake-up, or the end of ctx (then it returns ctx's
+// error).
+func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-wake:
+	case <-t.C:
+	}
+	return nil
 }
 
 // check validates key and options before any I/O and fills in defaults.
@@ -287,6 +323,9 @@ func (l *Locker) check(key string, ao *AcquireOptions) error {
 	}
 	if ao.AutoRefresh && ao.MaxHold == 0 {
 		ao.MaxHold = DefaultMaxHoldFactor * ao.TTL
+	}
+	if ao.AutoRefresh && ao.MaxHold < ao.TTL {
+		return fmt.Errorf("%w: MaxHold %v is shorter than the TTL %v it is to bound", ErrInvalidConfig, ao.MaxHold, ao.TTL)
 	}
 	return nil
 }
@@ -355,9 +394,10 @@ func (l *Locker) margin(ttl time.Duration) time.Duration {
 	return time.Duration(float64(ttl)*l.opts.DriftFactor) + 2*time.Millisecond
 }
 
-// Close releases every lease still held through this Locker (each bounded by
-// a short timeout; failures are logged), ends waits in progress with
-// ErrClosed, and closes the backend. Further calls return ErrClosed. Close
+// Close releases every lease still held through this Locker (in parallel,
+// within a few seconds; failures are logged and the locks then end with
+// their TTL), ends waits in progress with ErrClosed, and closes the backend.
+// Leases end with Err ErrClosed, and further calls return ErrClosed. Close
 // is idempotent: a second call returns nil.
 func (l *Locker) Close() error {
 	l.mu.Lock()
@@ -366,21 +406,29 @@ func (l *Locker) Close() error {
 		return nil
 	}
 	l.closed = true
-	close(l.closedCh)
+	l.close()
 	var leases []*Lease
 	for le := l.held; le != nil; le = le.next {
 		leases = append(leases, le)
 	}
 	l.mu.Unlock()
 
+	ctx, cancel := context.WithTimeout(context.Background(), closeReleaseTimeout)
+	var wg sync.WaitGroup
 	for _, le := range leases {
-		ctx, cancel := context.WithTimeout(context.Background(), closeReleaseTimeout)
-		if err := le.release(ctx, ErrClosed); err != nil && !errors.Is(err, ErrNotHeld) {
-			l.log.Warn("dlock: release at close failed; the lock stays until its TTL ends", "key", le.key, "err", err)
-		}
-		cancel()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := le.release(ctx, ErrClosed); err != nil && !errors.Is(err, ErrNotHeld) {
+				l.log.Warn("dlock: release at close failed; the lock stays until its TTL ends", "key", le.key, "err", err)
+			}
+			le.end(ErrClosed) // if the release failed
+		}()
 	}
+	wg.Wait()
+	cancel()
 	l.inflight.Wait()
+	l.bg.Wait()
 	if err := l.drv.Close(); err != nil {
 		return opErr("close", "", err)
 	}

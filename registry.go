@@ -2,6 +2,7 @@ package dlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"slices"
@@ -63,7 +64,12 @@ func Schemes() []string {
 func Open(ctx context.Context, rawURL string) (*Locker, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, opErr("open", "", fmt.Errorf("%w: %w", ErrInvalidConfig, err))
+		// A url.Error quotes the whole URL, password included.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, opErr("open", "", fmt.Errorf("%w: bad URL: %w", ErrInvalidConfig, err))
 	}
 	registryMu.RLock()
 	open, ok := registry[strings.ToLower(u.Scheme)]

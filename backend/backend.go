@@ -134,6 +134,10 @@ type Guarantees struct {
 	ToleratedFailures int
 	// FIFO reports that waiters are granted the lock in arrival order.
 	FIFO bool
+	// WakesWaiters reports that a waiting Acquire is woken when the holder
+	// releases, rather than polling. dlock.Locker.Guarantees sets it from
+	// whether the backend implements [Waiter]; a backend leaves it false.
+	WakesWaiters bool
 	// ClockDependent reports that mutual exclusion rests on timing
 	// assumptions: bounded clock drift between client and servers, and
 	// bounded process pauses and network delays. Such a lock is fit for

@@ -1,0 +1,120 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/memory"
+)
+
+// flakyDriver is a memory driver whose releases and refreshes fail while
+// down is set, as over a broken network; it counts calls made after Close.
+type flakyDriver struct {
+	backend.Driver
+	down      atomic.Bool
+	closed    atomic.Bool
+	lateCalls atomic.Int32
+}
+
+func (d *flakyDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+	l, err := d.Driver.TryAcquire(ctx, key, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return &flakyLease{l, d}, nil
+}
+
+func (d *flakyDriver) Close() error {
+	d.closed.Store(true)
+	return d.Driver.Close()
+}
+
+type flakyLease struct {
+	backend.Lease
+	d *flakyDriver
+}
+
+func (l *flakyLease) check() error {
+	if l.d.closed.Load() {
+		l.d.lateCalls.Add(1)
+	}
+	if l.d.down.Load() {
+		return fmt.Errorf("%w: network down", backend.ErrUnavailable)
+	}
+	return nil
+}
+
+func (l *flakyLease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
+	if err := l.check(); err != nil {
+		return 0, err
+	}
+	return l.Lease.Refresh(ctx, ttl)
+}
+
+func (l *flakyLease) Release(ctx context.Context) error {
+	if err := l.check(); err != nil {
+		return err
+	}
+	return l.Lease.Release(ctx)
+}
+
+// A lease whose release fails at Close still ends, and its watchdog stops
+// before the backend is closed (TestMain's goleak check covers the rest).
+func TestCloseEndsLeasesItCannotRelease(t *testing.T) {
+	d := &flakyDriver{Driver: memory.NewDriver(memory.NewStore())}
+	l := dlock.New(d, nil)
+	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 300 * time.Millisecond, AutoRefresh: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.down.Store(true)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-le.Done():
+	default:
+		t.Fatal("Done is open after Close")
+	}
+	if err := le.Err(); !errors.Is(err, dlock.ErrClosed) {
+		t.Errorf("Err after Close = %v, want ErrClosed", err)
+	}
+	time.Sleep(400 * time.Millisecond) // past a watchdog period
+	if n := d.lateCalls.Load(); n != 0 {
+		t.Errorf("%d backend calls after Close", n)
+	}
+}
+
+// slowDriver answers every acquire after a delay, as a far server would.
+type slowDriver struct {
+	backend.Driver
+	delay time.Duration
+}
+
+func (d slowDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+	time.Sleep(d.delay)
+	return d.Driver.TryAcquire(ctx, key, ttl)
+}
+
+// Deadline counts from the moment the request was sent, not from the reply:
+// the server starts the TTL no earlier than it receives the request.
+func TestDeadlineCountsFromRequest(t *testing.T) {
+	const delay, ttl = 300 * time.Millisecond, 10 * time.Second
+	l := dlock.New(slowDriver{memory.NewDriver(memory.NewStore()), delay}, nil)
+	defer l.Close()
+	before := time.Now()
+	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	margin := time.Duration(float64(ttl)*dlock.DefaultDriftFactor) + 2*time.Millisecond
+	if latest := before.Add(delay/2 + ttl - margin); le.Deadline().After(latest) {
+		t.Errorf("Deadline %v is after %v: counted from the reply, not the request", le.Deadline(), latest)
+	}
+}
