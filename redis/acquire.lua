@@ -1,16 +1,38 @@
--- acquire: take the lock if it is free, and bump its fencing counter.
+-- acquire: take the lock if it is free, and issue a fencing token.
 --
 -- KEYS[1]: the lock key
 -- KEYS[2]: the fencing counter key (same hash slot as KEYS[1], no TTL)
 -- ARGV[1]: the ownership value, unique per grant
 -- ARGV[2]: the TTL in whole milliseconds
 --
--- Returns the counter's new value (> 0) when the lock was taken; when it is
--- held, -2 - PTTL, i.e. -1 for a key that has no expiry (PTTL -1) and
--- -2 - ms otherwise (so 0 is never returned). The counter is a token only
--- once it has been raised to the clock: a value below 2^50 means the counter
--- was lost, and the caller runs fence.lua (see doc.go).
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-	return redis.call('INCR', KEYS[2])
+-- Returns the token (> 0) when the lock is ours; when it is held by someone
+-- else, -2 - PTTL, i.e. -1 for a key without expiry (PTTL -1) and -2 - ms
+-- otherwise (so 0 is never returned).
+--
+-- The token is the counter after INCR. The counter is clock-based: when it
+-- is created, or found lost (below 2^50, see doc.go), it is raised to the
+-- server time in microseconds (TIME before a write is allowed because
+-- scripts replicate their effects, the only mode since Redis 7). SET with
+-- both NX and GET needs Redis 7.0.
+local old = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
+if not old then
+	-- The key was free and is ours now.
+	local n = redis.call('INCR', KEYS[2])
+	if n >= 1125899906842624 then -- 2^50
+		return n
+	end
+	-- TIME gives seconds and microseconds as decimal strings; their
+	-- concatenation (microseconds zero-padded to 6 digits) is the time in
+	-- microseconds, written without a float-to-string conversion.
+	local t = redis.call('TIME')
+	local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+	redis.call('SET', KEYS[2], now)
+	return tonumber(now)
+end
+if old == ARGV[1] then
+	-- A retry of this very acquire whose first reply was lost (go-redis
+	-- resends on network errors): the lock is ours, and the counter still
+	-- holds the token the first run issued.
+	return tonumber(redis.call('GET', KEYS[2]))
 end
 return -2 - redis.call('PTTL', KEYS[1])

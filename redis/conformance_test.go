@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -38,9 +39,22 @@ func (h *harness) Expire(ctx context.Context, key string) error {
 	return h.admin.Del(ctx, lockKey(key)).Err()
 }
 
+// Residue reports a lock key or a live subscription to its release channel
+// (a waiter that did not stop watching).
 func (h *harness) Residue(ctx context.Context, key string) (bool, error) {
 	n, err := h.admin.Exists(ctx, lockKey(key)).Result()
-	return n > 0, err
+	if err != nil || n > 0 {
+		return n > 0, err
+	}
+	// An UNSUBSCRIBE sent just before may still be on its way on the
+	// pub/sub connection: allow it a moment.
+	ch := lockKey(key) + ":released"
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
+		subs, err := h.admin.PubSubNumSub(ctx, ch).Result()
+		if err != nil || subs[ch] == 0 || time.Now().After(deadline) {
+			return subs[ch] > 0, err
+		}
+	}
 }
 
 func (h *harness) Close() {

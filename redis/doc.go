@@ -32,11 +32,14 @@
 // all belong to one slot). Keys that begin with "}" are rejected (they would
 // make an empty hash tag), and so is a Prefix containing "{" or "}".
 //
-//   - Acquire is one EVALSHA of acquire.lua: SET key value NX PX ttl and, if
-//     that took the lock, INCR of the key's fencing counter, whose new value
-//     is the token. The value is 16 bytes from crypto/rand, unique per
-//     grant. When the key is held, the script returns its PTTL, which the
-//     dlock layer uses to bound its wait ([backend.HeldError]).
+//   - Acquire is one EVALSHA of acquire.lua: SET key value NX PX ttl GET
+//     and, if that took the lock, INCR of the key's fencing counter, whose
+//     new value is the token. The value is 16 bytes from crypto/rand, unique
+//     per grant. When the key is held, the script returns its PTTL, which
+//     the dlock layer uses to bound its wait ([backend.HeldError]). The
+//     script may safely run twice: a resent acquire (go-redis retries
+//     commands after network errors) finds the lock holding its own value
+//     and returns the token of the first run.
 //   - Release is one EVALSHA of release.lua: compare-and-delete, then
 //     PUBLISH on the key's release channel so that waiters wake at once.
 //   - Refresh is compare-and-PEXPIRE (refresh.lua); it never re-creates a
@@ -45,9 +48,21 @@
 //     shared by all keys being waited on in this process.
 //
 // Scripts are loaded at [New] and run by EVALSHA, falling back to EVAL if the
-// server's script cache was flushed (a restart, a failover). fence.lua
-// calls TIME before a write, which needs scripts to replicate their effects
-// (the default since Redis 5, the only mode since Redis 7).
+// server's script cache was flushed (a restart, a failover). The backend
+// needs Redis 7.0 or later (SET with both NX and GET; TIME before a write in
+// a script, which relies on scripts replicating their effects).
+//
+// # Timeouts and retries
+//
+// go-redis applies a context's deadline and cancellation to socket reads
+// and writes only when the client's ContextTimeoutEnabled option is set;
+// otherwise its ReadTimeout and WriteTimeout (3 s by default) bound each
+// attempt, and MaxRetries (3 by default) resends a command after a network
+// error. Clients built from a URL set ContextTimeoutEnabled; set it on
+// clients you pass to [New] so that a cancelled Acquire returns promptly.
+// A Release whose reply was lost and that go-redis resent reports
+// [backend.ErrNotHeld] although the first attempt deleted the lock: the
+// second run finds the key gone and cannot tell that it was ours.
 //
 // # TTLs
 //
@@ -66,13 +81,13 @@
 // strictly from one holder to the next while the counter survives.
 //
 // The counter is clock-based: when it is created it is raised to the server
-// clock in microseconds (TIME, in fence.lua), about 1.8e15 today, and it
-// only grows from there, by one per grant, far slower than the clock. A
-// counter that is lost (a restart without persistence, a failover to a
-// replica that never received it, an eviction, a DEL) comes back through
-// INCR as a small number; any value below 2^50 is taken as lost, and the
-// holder that sees it raises the counter to the server clock again before
-// taking its token. That token is larger than every earlier one unless the
+// clock in microseconds (TIME), about 1.8e15 today, and it only grows from
+// there, by one per grant, far slower than the clock. A counter that is
+// lost (a restart without persistence, a failover to a replica that never
+// received it, an eviction, a DEL) comes back through INCR as a small
+// number; any value below 2^50 is taken as lost, and the same script run
+// raises the counter to the server clock again and issues that as the
+// token. That token is larger than every earlier one unless the
 // new server's clock is behind the clock that initialised the lost counter
 // by more than the time since then, less the number of grants since then in
 // microseconds: in practice, only a clock stepped back by hours.

@@ -43,6 +43,9 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Honour ctx deadlines and cancellation on the socket, not only while
+	// waiting for a pooled connection.
+	clientOpts.ContextTimeoutEnabled = true
 	client := goredis.NewClient(clientOpts) // no I/O yet
 	d, err := newDriver(client, opts)
 	if err != nil {

@@ -23,15 +23,12 @@ import (
 var (
 	//go:embed acquire.lua
 	acquireSrc string
-	//go:embed fence.lua
-	fenceSrc string
 	//go:embed release.lua
 	releaseSrc string
 	//go:embed refresh.lua
 	refreshSrc string
 
 	acquireScript = goredis.NewScript(acquireSrc)
-	fenceScript   = goredis.NewScript(fenceSrc)
 	releaseScript = goredis.NewScript(releaseSrc)
 	refreshScript = goredis.NewScript(refreshSrc)
 )
@@ -225,7 +222,7 @@ func (d *Driver) start(ctx context.Context) error {
 	if err := d.checkEviction(ctx); err != nil {
 		return err
 	}
-	for _, s := range []*goredis.Script{acquireScript, fenceScript, releaseScript, refreshScript} {
+	for _, s := range []*goredis.Script{acquireScript, releaseScript, refreshScript} {
 		if err := s.Load(ctx, d.client).Err(); err != nil {
 			return fmt.Errorf("%w: redis: loading scripts: %w", backend.ErrUnavailable, err)
 		}
@@ -360,7 +357,9 @@ func (d *Driver) Close() error {
 	d.closeOnce.Do(func() {
 		d.hub.close()
 		if d.ownsClient {
-			err = d.client.Close()
+			if cerr := d.client.Close(); cerr != nil {
+				err = fmt.Errorf("%w: redis: closing the client: %w", backend.ErrUnavailable, cerr)
+			}
 		}
 	})
 	return err
@@ -383,18 +382,19 @@ func ttlMillis(ttl time.Duration) (int64, error) {
 }
 
 // TryAcquire makes one attempt to take the lock, in one round trip: one
-// EVALSHA of acquire.lua (SET key value NX PX ttl, and INCR of the key's
-// fencing counter when the SET took the lock), followed in the same
-// pipeline by WAIT when WaitReplicas > 0. A counter found below tokenFloor
-// (lost) is raised to the server clock by fence.lua before the token is
-// handed out. A TTL that is not a whole number of milliseconds is truncated
-// down; the lease reports the truncated TTL.
+// EVALSHA of acquire.lua (SET key value NX PX ttl GET, and INCR of the
+// key's fencing counter when the SET took the lock), followed in the same
+// pipeline by WAIT when WaitReplicas > 0. The script is safe to run twice:
+// when go-redis resends it after a lost reply, the second run finds the
+// lock ours and returns the same token. A TTL that is not a whole number of
+// milliseconds is truncated down; the lease reports the truncated TTL.
 //
 // When the key is held it returns a *[backend.HeldError] whose RetryAfter is
 // the holder's remaining PTTL (0 if the key has no expiry). On a network
 // error, a cancelled ctx or too few replicas it deletes the lock again if
 // this attempt may have taken it (best effort, bounded by a short timeout
-// that ignores ctx's cancellation) and returns an error wrapping
+// that ignores ctx's cancellation, on a client whose ContextTimeoutEnabled
+// is set; see the package documentation) and returns an error wrapping
 // [backend.ErrUnavailable].
 func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
 	ms, err := ttlMillis(ttl)
@@ -431,23 +431,9 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 		return nil, fmt.Errorf("%w: redis: WAIT: %d of %d replicas acknowledged within %v; lock released",
 			backend.ErrUnavailable, waitN, d.waitN, d.waitTimeout)
 	}
-	if res < tokenFloor {
-		// The counter was lost (a restart without persistence, a
-		// failover, a deletion) or is new: raise it to the clock.
-		if res, err = fenceScript.Run(ctx, d.client, l.keys[1:]).Int64(); err != nil {
-			l.cleanup(ctx)
-			return nil, unavailable(err)
-		}
-	}
 	l.token = uint64(res)
 	return l, nil
 }
-
-// tokenFloor separates clock-based fencing counters from lost ones: a
-// counter is raised to the server's clock in microseconds (about 1.8e15 in
-// 2026) when it is created, and only grows, so a counter below 2^50 (the
-// clock in 2005) was lost and re-created by INCR.
-const tokenFloor = 1 << 50
 
 // acquireWait sends acquire.lua and WAIT in one pipeline (one connection,
 // as WAIT requires) and returns the script's reply and the number of

@@ -303,6 +303,11 @@ func TestWaitReplicas(t *testing.T) {
 	c := serverClient(t)
 	d := newDriver(t, c, &redis.Options{WaitReplicas: 1, WaitTimeout: 50 * time.Millisecond})
 	key := uniqueKey(t)
+	// With the script cache flushed, the pipeline's EVALSHA meets NOSCRIPT
+	// and is sent again as EVAL: the error must still be WAIT's.
+	if err := c.ScriptFlush(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
 	_, err := d.TryAcquire(t.Context(), key, time.Minute)
 	if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "WAIT: 0 of 1 replicas acknowledged") {
 		t.Fatalf("TryAcquire with WaitReplicas 1 and no replica = %v", err)

@@ -33,6 +33,11 @@ import (
 type hub struct {
 	d *Driver
 
+	// subMu orders the SUBSCRIBE and UNSUBSCRIBE writes the way the
+	// watcher counts change, without holding mu (which dispatch needs
+	// for every message) across network I/O. Taken before mu.
+	subMu sync.Mutex
+
 	mu       sync.Mutex
 	closed   bool
 	ps       *goredis.PubSub
@@ -70,9 +75,11 @@ func (d *Driver) Watch(ctx context.Context, key string) (wake <-chan struct{}, s
 func (h *hub) watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
 	w := make(chan struct{}, 1)
 
+	h.subMu.Lock()
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
+		h.subMu.Unlock()
 		return nil, nil, backend.ErrClosed
 	}
 	if h.ps == nil {
@@ -96,10 +103,11 @@ func (h *hub) watch(ctx context.Context, channel string) (<-chan struct{}, func(
 	if first {
 		subs = []string{channel, barrier}
 	}
-	// Sent under h.mu so that SUBSCRIBE and UNSUBSCRIBE of one channel
+	h.mu.Unlock()
+	// Sent under h.subMu so that SUBSCRIBE and UNSUBSCRIBE of one channel
 	// reach the server in the order of the watcher count's transitions.
 	subErr := ps.Subscribe(ctx, subs...)
-	h.mu.Unlock()
+	h.subMu.Unlock()
 
 	stop := h.stopper(channel, wc, w)
 	if subErr == nil {
@@ -112,12 +120,15 @@ func (h *hub) watch(ctx context.Context, channel string) (<-chan struct{}, func(
 		}
 	}
 
+	h.subMu.Lock()
 	h.mu.Lock()
 	delete(h.barriers, barrier)
-	if !h.closed {
+	closed := h.closed
+	h.mu.Unlock()
+	if !closed {
 		_ = ps.Unsubscribe(context.WithoutCancel(ctx), barrier)
 	}
-	h.mu.Unlock()
+	h.subMu.Unlock()
 
 	if subErr != nil {
 		stop()
@@ -134,15 +145,18 @@ func (h *hub) stopper(channel string, wc *watchedChan, w chan struct{}) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
+			h.subMu.Lock()
+			defer h.subMu.Unlock()
 			h.mu.Lock()
-			defer h.mu.Unlock()
 			delete(wc.watchers, w)
-			if len(wc.watchers) > 0 || h.chans[channel] != wc {
-				return
+			last := len(wc.watchers) == 0 && h.chans[channel] == wc
+			if last {
+				delete(h.chans, channel)
 			}
-			delete(h.chans, channel)
-			if !h.closed {
-				_ = h.ps.Unsubscribe(context.Background(), channel)
+			closed, ps := h.closed, h.ps
+			h.mu.Unlock()
+			if last && !closed {
+				_ = ps.Unsubscribe(context.Background(), channel)
 			}
 		})
 	}
