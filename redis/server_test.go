@@ -89,6 +89,19 @@ func TestTokensIncrease(t *testing.T) {
 	}
 }
 
+// grant takes and releases the lock on key through d, and returns the token.
+func grant(t *testing.T, d *redis.Driver, key string) uint64 {
+	t.Helper()
+	l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return l.Token()
+}
+
 func TestTokenSurvivesCounterLoss(t *testing.T) {
 	t.Parallel()
 	c := serverClient(t)
@@ -96,23 +109,12 @@ func TestTokenSurvivesCounterLoss(t *testing.T) {
 	key := uniqueKey(t)
 	fence := lockKey(key) + ":fence"
 
-	grant := func() uint64 {
-		t.Helper()
-		l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Release(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		return l.Token()
-	}
-	t1 := grant()
+	t1 := grant(t, d, key)
 	// The counter is lost (restart without persistence, failover, DEL).
 	if err := c.Del(t.Context(), fence).Err(); err != nil {
 		t.Fatal(err)
 	}
-	t2 := grant()
+	t2 := grant(t, d, key)
 	if t2 <= t1 {
 		t.Fatalf("after losing the counter: token %d, not above the previous %d", t2, t1)
 	}
@@ -122,7 +124,7 @@ func TestTokenSurvivesCounterLoss(t *testing.T) {
 	if err := c.Set(t.Context(), fence, ahead, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if t3 := grant(); t3 != ahead+1 {
+	if t3 := grant(t, d, key); t3 != ahead+1 {
 		t.Fatalf("counter %d ahead of the clock: token %d, want %d", ahead, t3, ahead+1)
 	}
 	if ttl := c.PTTL(t.Context(), fence).Val(); ttl != -1 {
@@ -140,24 +142,13 @@ func TestTokenRepeatsAfterLaggingCounter(t *testing.T) {
 	d := newDriver(t, c, nil)
 	key := uniqueKey(t)
 	fence := lockKey(key) + ":fence"
-	grant := func() uint64 {
-		t.Helper()
-		l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Release(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		return l.Token()
-	}
-	t1 := grant()
-	t2 := grant()
+	t1 := grant(t, d, key)
+	t2 := grant(t, d, key)
 	// The promoted replica had the counter as it was before t2's grant.
 	if err := c.Set(t.Context(), fence, t1, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if t3 := grant(); t3 != t2 {
+	if t3 := grant(t, d, key); t3 != t2 {
 		t.Fatalf("after the counter fell back to %d: token %d, want the repeat %d the docs describe", t1, t3, t2)
 	}
 }
