@@ -20,7 +20,8 @@ lint:
 		grep -E ' (github.com/dlock-go/dlock/conformance/servers|github.com/testcontainers/testcontainers-go)( |$$)' | cut -d: -f1); \
 	if [ -n "$$bad" ]; then echo "non-test code depends on conformance/servers or testcontainers-go:"; echo "$$bad"; exit 1; fi
 
-# Benchmarks against real servers (same setup as test).
-# Extra arguments: make bench ARGS='-bench Lock ./redis/'
+# Benchmarks against real servers (same setup as test), without -race.
+# Extra arguments: make bench ARGS='-bench Cycle -count 10 ./redis/'
 bench:
-	eval "$$(scripts/test.sh --setup-only)" && $(GO) test -run '^$$' -bench . -benchmem $(or $(ARGS),./...)
+	env=$$(scripts/test.sh --setup-only) && eval "$$env" && \
+		$(GO) test -run '^$$' -bench . -benchmem $(or $(ARGS),./...)

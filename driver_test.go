@@ -18,6 +18,7 @@ import (
 type flakyDriver struct {
 	backend.Driver
 	down      atomic.Bool
+	lostReply atomic.Bool // the call takes effect, but its reply is lost
 	closed    atomic.Bool
 	lateCalls atomic.Int32
 }
@@ -54,14 +55,76 @@ func (l *flakyLease) Refresh(ctx context.Context, ttl time.Duration) (time.Durat
 	if err := l.check(); err != nil {
 		return 0, err
 	}
-	return l.Lease.Refresh(ctx, ttl)
+	granted, err := l.Lease.Refresh(ctx, ttl)
+	if err == nil && l.d.lostReply.Load() {
+		return 0, errLostReply
+	}
+	return granted, err
 }
 
 func (l *flakyLease) Release(ctx context.Context) error {
 	if err := l.check(); err != nil {
 		return err
 	}
-	return l.Lease.Release(ctx)
+	err := l.Lease.Release(ctx)
+	if err == nil && l.d.lostReply.Load() {
+		return errLostReply
+	}
+	return err
+}
+
+var errLostReply = fmt.Errorf("%w: reply lost", backend.ErrUnavailable)
+
+// A refresh that shortened the lease on the server but whose reply was lost
+// must pull the deadline in: the server may expire the lock that soon.
+func TestRefreshLostReplyPullsDeadlineIn(t *testing.T) {
+	s := memory.NewStore()
+	d := &flakyDriver{Driver: memory.NewDriver(s)}
+	l := dlock.New(d, nil)
+	defer l.Close()
+	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.lostReply.Store(true)
+	start := time.Now()
+	if err := le.Refresh(t.Context(), 50*time.Millisecond); !errors.Is(err, dlock.ErrUnavailable) {
+		t.Fatalf("Refresh with a lost reply = %v, want ErrUnavailable", err)
+	}
+	if after := time.Now(); le.Deadline().After(after.Add(50 * time.Millisecond)) {
+		t.Errorf("Deadline %v after a possibly applied 50ms refresh at %v", le.Deadline().Sub(start), 0)
+	}
+	select {
+	case <-le.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Done did not fire at the pulled-in deadline")
+	}
+}
+
+// A release whose reply was lost may have freed the lock: the lease ends,
+// and a second Release tries again to give it back.
+func TestReleaseLostReplyEndsLease(t *testing.T) {
+	s := memory.NewStore()
+	d := &flakyDriver{Driver: memory.NewDriver(s)}
+	l := dlock.New(d, nil)
+	defer l.Close()
+	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.lostReply.Store(true)
+	if err := le.Release(t.Context()); !errors.Is(err, dlock.ErrUnavailable) {
+		t.Fatalf("Release with a lost reply = %v, want ErrUnavailable", err)
+	}
+	if err := le.Err(); !errors.Is(err, dlock.ErrLeaseLost) {
+		t.Fatalf("Err after an uncertain release = %v, want ErrLeaseLost", err)
+	}
+	if s.Held("k") {
+		t.Fatal("the memory store should have released (the reply alone was lost)")
+	}
+	if err := le.Release(t.Context()); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("second Release = %v, want ErrNotHeld", err)
+	}
 }
 
 // A lease whose release fails at Close still ends, and its watchdog stops
@@ -116,5 +179,20 @@ func TestDeadlineCountsFromRequest(t *testing.T) {
 	margin := time.Duration(float64(ttl)*dlock.DefaultDriftFactor) + 2*time.Millisecond
 	if latest := before.Add(delay/2 + ttl - margin); le.Deadline().After(latest) {
 		t.Errorf("Deadline %v is after %v: counted from the reply, not the request", le.Deadline(), latest)
+	}
+}
+
+// An acquire whose grant comes back after its own deadline (the round trip
+// outlasted the TTL) must not hand out a lease that is lost already.
+func TestLateGrantIsGivenBack(t *testing.T) {
+	s := memory.NewStore()
+	l := dlock.New(slowDriver{memory.NewDriver(s), 150 * time.Millisecond}, nil)
+	defer l.Close()
+	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 100 * time.Millisecond})
+	if !errors.Is(err, dlock.ErrUnavailable) {
+		t.Fatalf("TryAcquire whose grant arrived late = %v, %v; want ErrUnavailable", le, err)
+	}
+	if s.Held("k") {
+		t.Errorf("the late grant was not given back")
 	}
 }

@@ -169,8 +169,9 @@ func (le *Lease) Context(parent context.Context) (context.Context, context.Cance
 // Refresh extends the lease to ttl from now (ttl 0: the TTL the lease was
 // acquired with). If the lease is no longer held the error matches
 // ErrNotHeld, the lease ends as lost, and nothing is changed on the server.
-// Other errors (the backend unreachable) leave the lease as it was: it stays
-// valid until Deadline.
+// Other errors (the backend unreachable) leave the outcome unknown: the
+// lease stays valid until Deadline, which moves earlier if ttl would have
+// ended the lease sooner.
 func (le *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	if ttl == 0 {
 		ttl = le.askedTTL
@@ -192,7 +193,16 @@ func (le *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 	if err != nil {
 		if errors.Is(err, ErrNotHeld) {
 			le.end(fmt.Errorf("%w: refresh found the lock no longer ours", ErrLeaseLost))
+			return opErr("refresh", le.key, err)
 		}
+		// The outcome is unknown: the server may have set the new TTL.
+		// If that is shorter than what is left, the deadline must follow.
+		le.mu.Lock()
+		if d := start.Add(ttl - le.l.margin(ttl)); d.Before(le.deadline) && le.err == nil {
+			le.deadline = d
+			le.timer.Reset(time.Until(d))
+		}
+		le.mu.Unlock()
 		return opErr("refresh", le.key, err)
 	}
 	le.mu.Lock()
@@ -215,8 +225,10 @@ func (le *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 // Release gives the lock up. Releasing a lease that is no longer held
 // (released before, lost, or released by Close) returns an error matching
 // ErrNotHeld and touches no other holder's lock. If the backend cannot be
-// reached the error matches ErrUnavailable and the lease stays as it was, so
-// Release can be tried again; the lock otherwise ends with its TTL.
+// reached the error matches ErrUnavailable: the lock may or may not be free,
+// so the lease ends (as lost). Calling Release again tries once more to
+// give the lock back (and returns ErrNotHeld); otherwise the lock ends with
+// its TTL.
 func (le *Lease) Release(ctx context.Context) error {
 	if err := le.release(ctx, errReleased); err != nil {
 		return opErr("release", le.key, err)
@@ -232,6 +244,12 @@ func (le *Lease) giveBack(ctx context.Context) {
 	if le.returned {
 		return
 	}
+	// An ended lease is not in the Locker's list, so Close does not wait
+	// for it: register as an operation in flight, or skip if closed.
+	if le.l.enter() != nil {
+		return
+	}
+	defer le.l.inflight.Done()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeReleaseTimeout)
 	defer cancel()
 	if err := le.bl.Release(ctx); err == nil || errors.Is(err, ErrNotHeld) {
@@ -265,6 +283,14 @@ func (le *Lease) release(ctx context.Context, reason error) error {
 		le.end(fmt.Errorf("%w: release found the lock no longer ours", ErrLeaseLost))
 		return err
 	default:
+		// The outcome is unknown: the lock may be free already, so the
+		// lease can no longer be trusted. A later Release tries again
+		// to give the lock back.
+		if reason == ErrClosed {
+			le.end(fmt.Errorf("%w: the release at close failed, the lock may be free: %w", ErrClosed, err))
+		} else {
+			le.end(fmt.Errorf("%w: release failed, the lock may be free: %w", ErrLeaseLost, err))
+		}
 		return err
 	}
 }
@@ -281,8 +307,13 @@ func notHeld(reason error) error {
 // end ends the lease once, with err as the reason.
 func (le *Lease) end(err error) {
 	le.mu.Lock()
+	defer le.mu.Unlock()
+	le.endLocked(err)
+}
+
+// endLocked is end with le.mu held.
+func (le *Lease) endLocked(err error) {
 	if le.err != nil {
-		le.mu.Unlock()
 		return
 	}
 	le.err = err
@@ -292,7 +323,6 @@ func (le *Lease) end(err error) {
 	} else {
 		close(le.done)
 	}
-	le.mu.Unlock()
 	if le.stopBG != nil {
 		le.stopBG()
 	}
@@ -311,13 +341,14 @@ func (le *Lease) end(err error) {
 }
 
 // checkDeadline ends the lease as lost if its deadline has passed. It runs
-// when the deadline timer fires, and from Err.
+// when the deadline timer fires, and from Err. The check and the end are
+// one step under le.mu, so a refresh that moves the deadline cannot slip in
+// between.
 func (le *Lease) checkDeadline() {
 	le.mu.Lock()
-	expired := le.err == nil && !time.Now().Before(le.deadline)
-	le.mu.Unlock()
-	if expired {
-		le.end(fmt.Errorf("%w: deadline passed without a refresh", ErrLeaseLost))
+	defer le.mu.Unlock()
+	if le.err == nil && !time.Now().Before(le.deadline) {
+		le.endLocked(fmt.Errorf("%w: deadline passed without a refresh", ErrLeaseLost))
 	}
 }
 

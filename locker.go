@@ -120,9 +120,10 @@ type Locker struct {
 	cfgErr error // a bad Options field, returned by every acquire
 	log    *slog.Logger
 
-	closing context.Context // cancelled by Close
-	close   context.CancelFunc
-	bg      sync.WaitGroup // leases' watchdogs and loss watchers
+	closing   context.Context // cancelled by Close
+	close     context.CancelFunc
+	closeDone chan struct{}  // closed when Close has finished
+	bg        sync.WaitGroup // leases' watchdogs and loss watchers
 
 	mu       sync.Mutex
 	closed   bool
@@ -138,7 +139,7 @@ type Locker struct {
 // acquire fail with an error matching ErrInvalidConfig or ErrInvalidTTL,
 // before any I/O.
 func New(d backend.Driver, opts *Options) *Locker {
-	l := &Locker{drv: d, limits: d.Limits()}
+	l := &Locker{drv: d, limits: d.Limits(), closeDone: make(chan struct{})}
 	l.closing, l.close = context.WithCancel(context.Background())
 	if opts != nil {
 		l.opts = *opts
@@ -369,6 +370,15 @@ func (l *Locker) try(ctx context.Context, key string, ao *AcquireOptions) (*Leas
 	if err != nil {
 		return nil, err
 	}
+	if ttl := bl.TTL(); !time.Now().Before(start.Add(ttl - l.margin(ttl))) {
+		// The grant came back too late to be of use: the server may
+		// have let it lapse, and someone else may hold the lock now.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeReleaseTimeout)
+		defer cancel()
+		_ = bl.Release(ctx)
+		return nil, fmt.Errorf("%w: the grant arrived after its deadline (the attempt took %v, the TTL is %v); lock given back",
+			ErrUnavailable, time.Since(start).Round(time.Millisecond), ttl)
+	}
 	return l.newLease(key, bl, start, ao)
 }
 
@@ -378,8 +388,12 @@ func (l *Locker) try(ctx context.Context, key string, ao *AcquireOptions) (*Leas
 // and the delay is only the fallback poll.
 func (l *Locker) retryDelay(attempt int, remaining time.Duration, watching bool) time.Duration {
 	d := l.opts.RetryMax
-	if !watching && attempt < 20 {
-		d = min(l.opts.RetryMin<<attempt, l.opts.RetryMax)
+	if !watching {
+		d = l.opts.RetryMin
+		for i := 0; i < attempt && d < l.opts.RetryMax; i++ {
+			d *= 2
+		}
+		d = min(d, l.opts.RetryMax)
 	}
 	if remaining > 0 && remaining < d {
 		// The key expires by then: try right after.
@@ -395,16 +409,21 @@ func (l *Locker) margin(ttl time.Duration) time.Duration {
 }
 
 // Close releases every lease still held through this Locker (in parallel,
-// within a few seconds; failures are logged and the locks then end with
-// their TTL), ends waits in progress with ErrClosed, and closes the backend.
-// Leases end with Err ErrClosed, and further calls return ErrClosed. Close
-// is idempotent: a second call returns nil.
+// each within a few seconds; failures are logged and those locks then end
+// with their TTL), ends waits in progress with ErrClosed, and closes the
+// backend. It waits for operations in progress: an acquire attempt's round
+// trip, and Refresh or Release calls, which their own contexts bound.
+// Leases end with Err matching ErrClosed, and further calls return
+// ErrClosed. Close is idempotent: a later call waits for the first to finish
+// and returns nil.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
+		<-l.closeDone // a concurrent Close returns when the first is done
 		return nil
 	}
+	defer close(l.closeDone)
 	l.closed = true
 	l.close()
 	var leases []*Lease

@@ -16,7 +16,9 @@
 //   - no call is made after [Driver.Close] has been called, and Close is
 //     called at most once;
 //   - Refresh and Release of one [Lease] are never called concurrently, and
-//     nothing is called on a Lease after its Release returned.
+//     nothing is called on a Lease after its Release returned nil or an
+//     error wrapping [ErrNotHeld] (after other errors, Release may be
+//     called again).
 //
 // Guarantees a backend gives the dlock layer:
 //   - every error it returns wraps one of the sentinels below where one fits

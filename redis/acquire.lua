@@ -33,6 +33,10 @@ if old == ARGV[1] then
 	-- A retry of this very acquire whose first reply was lost (go-redis
 	-- resends on network errors): the lock is ours, and the counter still
 	-- holds the token the first run issued.
-	return tonumber(redis.call('GET', KEYS[2]))
+	local token = redis.call('GET', KEYS[2])
+	if not token then
+		return redis.error_reply('dlock: the fencing counter vanished while the lock was held')
+	end
+	return tonumber(token)
 end
 return -2 - redis.call('PTTL', KEYS[1])

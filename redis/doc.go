@@ -1,6 +1,7 @@
 // Package redis is the dlock backend for a single Redis deployment: one
 // server, a primary with replicas behind Sentinel, or a Redis Cluster, all
-// through a go-redis [goredis.UniversalClient].
+// through a go-redis [goredis.UniversalClient] (not a [goredis.Ring], which
+// moves keys between shards).
 //
 //	client := goredis.NewClient(&goredis.Options{Addr: "localhost:6379"})
 //	locker, err := redis.New(ctx, client, nil)
@@ -111,9 +112,10 @@
 // not acknowledge. Only acquires wait; refreshes and releases do not (a
 // refresh lost in a failover shortens a lease that the old primary already
 // granted; it cannot create a second holder that WAIT on the acquire would
-// have prevented). WaitReplicas is refused for a Cluster or Ring client,
-// whose pipelines split commands by key slot: WAIT has no key, so it cannot
-// be made to run on the connection that wrote the lock.
+// have prevented). WaitReplicas is refused for a Cluster client, whose
+// pipelines split commands by key slot: WAIT has no key, so it cannot be
+// made to run on the connection that wrote the lock. An acquire's TTL must
+// be longer than WaitTimeout.
 //
 // # Eviction
 //

@@ -23,8 +23,10 @@ func init() {
 // ownership of client: closing the Locker leaves the client open.
 //
 // client may be a *goredis.Client (one server, or a Sentinel failover
-// client), a *goredis.ClusterClient or a *goredis.Ring. Errors wrap
-// [backend.ErrInvalidConfig] or [backend.ErrUnavailable].
+// client) or a *goredis.ClusterClient. A *goredis.Ring is refused: it moves
+// keys to another shard when one looks unhealthy, which would let two
+// holders take the same lock. Errors wrap [backend.ErrInvalidConfig] or
+// [backend.ErrUnavailable].
 func New(ctx context.Context, client goredis.UniversalClient, opts *Options) (*dlock.Locker, error) {
 	d, err := NewDriver(ctx, client, opts)
 	if err != nil {

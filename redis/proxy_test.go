@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"net"
 	"sync"
@@ -15,13 +16,15 @@ import (
 )
 
 // replyDropper is a TCP proxy to the test server that, when armed, lets the
-// next EVALSHA through to the server and then cuts the connection instead
-// of passing the reply back: the command took effect, the client never
-// hears of it (a network failure at the worst moment).
+// next EVALSHA through to the server and then cuts the connection (or, with
+// hold, swallows the reply) instead of passing the reply back: the command
+// took effect, the client never hears of it (a network failure, or a
+// cancellation, at the worst moment).
 type replyDropper struct {
 	ln    net.Listener
 	to    string
 	armed atomic.Bool
+	hold  bool // swallow the reply and keep the connection open, instead of cutting it
 	wg    sync.WaitGroup
 	mu    sync.Mutex
 	conns []net.Conn
@@ -93,6 +96,9 @@ func (p *replyDropper) serve() {
 			for {
 				n, err := s.Read(buf)
 				if n > 0 && drop.Load() {
+					if p.hold {
+						continue // the client waits for a reply that never comes
+					}
 					s.Close()
 					return
 				}
@@ -166,4 +172,30 @@ func TestAcquireReplyLostCleansUp(t *testing.T) {
 		t.Fatalf("TryAcquire after the cleanup: %v", err)
 	}
 	_ = l.Release(t.Context())
+}
+
+// An acquire cancelled while its command is in flight (the server took the
+// lock, the reply is not back yet) must delete the lock it may have taken.
+func TestAcquireCancelledInFlightCleansUp(t *testing.T) {
+	p := newReplyDropper(t)
+	p.hold = true
+	c := goredis.NewClient(&goredis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	d := newDriver(t, c, nil)
+	admin := serverClient(t)
+	key := uniqueKey(t)
+
+	p.armed.Store(true)
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	_, err := d.TryAcquire(ctx, key, time.Minute)
+	if p.armed.Load() {
+		t.Fatal("the proxy never saw the acquire script")
+	}
+	if !errors.Is(err, backend.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("TryAcquire cancelled in flight = %v; want ErrUnavailable and DeadlineExceeded", err)
+	}
+	if n := admin.Exists(t.Context(), lockKey(key)).Val(); n != 0 {
+		t.Fatal("the lock taken by the cancelled acquire was left behind")
+	}
 }

@@ -92,8 +92,9 @@ type Options struct {
 	// this many replicas have acknowledged the lock; if fewer do within
 	// WaitTimeout, the lock is released and the acquire fails with an
 	// error wrapping [backend.ErrUnavailable]. Refreshes and releases do
-	// not wait. Not allowed with a *goredis.ClusterClient or *goredis.Ring
-	// (see the package documentation). Default 0 (do not wait).
+	// not wait. Not allowed with a *goredis.ClusterClient (see the package
+	// documentation). Every acquire's TTL must exceed WaitTimeout. Default
+	// 0 (do not wait).
 	WaitReplicas int
 	// WaitTimeout is how long WAIT blocks for the replicas. Keep it below
 	// the client's ReadTimeout (go-redis default 3 s). Default
@@ -139,7 +140,8 @@ var (
 	_ backend.Waiter = (*Driver)(nil)
 )
 
-// shardIterator is implemented by *goredis.ClusterClient and *goredis.Ring.
+// shardIterator is implemented by *goredis.ClusterClient (and *goredis.Ring,
+// which newDriver refuses).
 type shardIterator interface {
 	ForEachShard(ctx context.Context, fn func(ctx context.Context, client *goredis.Client) error) error
 }
@@ -166,6 +168,11 @@ func NewDriver(ctx context.Context, client goredis.UniversalClient, opts *Option
 func newDriver(client goredis.UniversalClient, opts *Options) (*Driver, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: redis: nil client", backend.ErrInvalidConfig)
+	}
+	if _, ok := client.(*goredis.Ring); ok {
+		return nil, fmt.Errorf("%w: redis: *goredis.Ring is not supported: a Ring rehashes keys to another shard when one looks unhealthy, "+
+			"so two holders could take the same lock (and tokens could go backwards); use a single server, a failover client or a Cluster",
+			backend.ErrInvalidConfig)
 	}
 	var o Options
 	if opts != nil {
@@ -400,6 +407,10 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 	ms, err := ttlMillis(ttl)
 	if err != nil {
 		return nil, err
+	}
+	if d.waitN > 0 && ttl <= d.waitTimeout {
+		// The lock could expire while WAIT blocks.
+		return nil, fmt.Errorf("%w: redis: TTL %v is not longer than WaitTimeout %v", backend.ErrInvalidTTL, ttl, d.waitTimeout)
 	}
 	// One allocation for both keys: the lock key is a prefix of the
 	// counter key.

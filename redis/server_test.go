@@ -273,22 +273,6 @@ func TestScriptCacheFlushed(t *testing.T) {
 	}
 }
 
-func TestCancelledAcquireLeavesNothing(t *testing.T) {
-	t.Parallel()
-	c := serverClient(t)
-	d := newDriver(t, c, nil)
-	key := uniqueKey(t)
-	ctx, cancel := context.WithCancel(t.Context())
-	cancel()
-	_, err := d.TryAcquire(ctx, key, time.Minute)
-	if !errors.Is(err, backend.ErrUnavailable) || !errors.Is(err, context.Canceled) {
-		t.Fatalf("TryAcquire with a cancelled context = %v", err)
-	}
-	if n := c.Exists(t.Context(), lockKey(key)).Val(); n != 0 {
-		t.Fatalf("a cancelled acquire left the lock key behind")
-	}
-}
-
 func TestWaitReplicas(t *testing.T) {
 	t.Parallel()
 	c := serverClient(t)

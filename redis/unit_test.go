@@ -124,6 +124,8 @@ func TestOptionsValidation(t *testing.T) {
 	defer client.Close()
 	cluster := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: []string{unreachable}})
 	defer cluster.Close()
+	ring := goredis.NewRing(&goredis.RingOptions{Addrs: map[string]string{"a": unreachable}})
+	defer ring.Close()
 	for _, tc := range []struct {
 		name   string
 		client goredis.UniversalClient
@@ -137,11 +139,26 @@ func TestOptionsValidation(t *testing.T) {
 		{"WaitReplicas on a cluster", cluster, &redis.Options{WaitReplicas: 1}},
 		{"unknown EvictionCheck", client, &redis.Options{EvictionCheck: 7}},
 		{"nil client", nil, nil},
+		{"a Ring", ring, nil},
 	} {
 		_, err := redis.NewDriver(t.Context(), tc.client, tc.opts)
 		if !errors.Is(err, backend.ErrInvalidConfig) {
 			t.Errorf("%s: NewDriver = %v, want ErrInvalidConfig", tc.name, err)
 		}
+	}
+}
+
+// With WaitReplicas, a TTL that WAIT could outlast is refused before any I/O.
+func TestWaitTimeoutBoundsTTL(t *testing.T) {
+	client := goredis.NewClient(&goredis.Options{Addr: unreachable})
+	defer client.Close()
+	d, err := redis.NewDriverNoIO(client, &redis.Options{WaitReplicas: 1, WaitTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := d.TryAcquire(t.Context(), "k", time.Second); !errors.Is(err, backend.ErrInvalidTTL) {
+		t.Errorf("TryAcquire with TTL = WaitTimeout: %v, want ErrInvalidTTL", err)
 	}
 }
 
