@@ -196,3 +196,28 @@ func TestLateGrantIsGivenBack(t *testing.T) {
 		t.Errorf("the late grant was not given back")
 	}
 }
+
+// Leases that nobody releases or watches leave the Locker once expired,
+// swept by later acquires, so a long-lived Locker does not accumulate them.
+func TestAbandonedLeasesAreSwept(t *testing.T) {
+	l := memory.New(memory.NewStore(), nil)
+	defer l.Close()
+	for i := range 10 {
+		if _, err := l.TryAcquire(t.Context(), fmt.Sprint("abandoned/", i), &dlock.AcquireOptions{TTL: 20 * time.Millisecond}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	for i := range 10 {
+		le, err := l.TryAcquire(t.Context(), fmt.Sprint("used/", i), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := le.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := dlock.HeldLen(l); n != 0 {
+		t.Errorf("%d leases still listed; want the 10 expired ones swept", n)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock-go/dlock/backend"
@@ -31,9 +32,10 @@ type Lease struct {
 	mu       sync.Mutex
 	ttl      time.Duration
 	deadline time.Time
+	dl       atomic.Int64  // deadline as nanoseconds since l.epoch, for the Locker's sweep
 	err      error         // set once, when the lease ends
 	done     chan struct{} // made by the first Done; closedChan if the lease ended first
-	timer    *time.Timer   // ends the lease at the deadline
+	timer    *time.Timer   // closes done at the deadline; made with done
 
 	prev, next *Lease // in the Locker's list of held leases, under l.mu
 }
@@ -51,7 +53,7 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 		askedTTL: ao.TTL,
 		ttl:      bl.TTL(),
 	}
-	le.deadline = start.Add(le.ttl - l.margin(le.ttl))
+	le.setDeadline(start.Add(le.ttl - l.margin(le.ttl)))
 	notifier, _ := bl.(backend.LossNotifier)
 	bg := context.Background()
 	if notifier != nil || ao.AutoRefresh {
@@ -59,20 +61,14 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 		bg, le.stopBG = context.WithCancel(bg)
 	}
 
-	// le.mu is held until the lease is set up: the timer and the
-	// goroutines can end it only then.
+	// le.mu is held until the lease is set up: the goroutines can end it
+	// only then.
 	le.mu.Lock()
-	// The lease ends at its deadline even if nobody watches it, so that
-	// abandoned leases leave the Locker's list and stop their goroutines.
-	le.timer = time.AfterFunc(time.Until(le.deadline), le.checkDeadline)
 	l.mu.Lock()
 	closed := l.closed
+	var expired *Lease
 	if !closed {
-		le.next = l.held
-		if l.held != nil {
-			l.held.prev = le
-		}
-		l.held = le
+		expired = l.link(le)
 		if notifier != nil {
 			l.bg.Add(1)
 			go func() {
@@ -81,15 +77,20 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 			}()
 		}
 		if ao.AutoRefresh {
+			// Copied, so that ao does not escape to the heap.
+			ttl, maxUntil := ao.TTL, start.Add(ao.MaxHold)
 			l.bg.Add(1)
 			go func() {
 				defer l.bg.Done()
-				le.watchdog(bg, ao.TTL, start.Add(ao.MaxHold))
+				le.watchdog(bg, ttl, maxUntil)
 			}()
 		}
 	}
 	l.mu.Unlock()
 	le.mu.Unlock()
+	if expired != nil {
+		expired.checkDeadline()
+	}
 	if closed {
 		// Close began while we were acquiring: give the lock back.
 		_ = le.release(context.Background(), ErrClosed)
@@ -138,6 +139,7 @@ func (le *Lease) Done() <-chan struct{} {
 	if le.done == nil {
 		// Made on demand: most leases are released without a look.
 		le.done = make(chan struct{})
+		le.timer = time.AfterFunc(time.Until(le.deadline), le.checkDeadline)
 	}
 	return le.done
 }
@@ -199,8 +201,7 @@ func (le *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 		// If that is shorter than what is left, the deadline must follow.
 		le.mu.Lock()
 		if d := start.Add(ttl - le.l.margin(ttl)); d.Before(le.deadline) && le.err == nil {
-			le.deadline = d
-			le.timer.Reset(time.Until(d))
+			le.setDeadline(d)
 		}
 		le.mu.Unlock()
 		return opErr("refresh", le.key, err)
@@ -209,8 +210,7 @@ func (le *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 	lost := le.err != nil
 	if !lost {
 		le.ttl = granted
-		le.deadline = start.Add(granted - le.l.margin(granted))
-		le.timer.Reset(time.Until(le.deadline))
+		le.setDeadline(start.Add(granted - le.l.margin(granted)))
 	}
 	le.mu.Unlock()
 	if lost {
@@ -317,31 +317,32 @@ func (le *Lease) endLocked(err error) {
 		return
 	}
 	le.err = err
-	le.timer.Stop()
 	if le.done == nil {
 		le.done = closedChan
 	} else {
+		le.timer.Stop()
 		close(le.done)
 	}
 	if le.stopBG != nil {
 		le.stopBG()
 	}
-	l := le.l
-	l.mu.Lock()
-	if le.prev != nil {
-		le.prev.next = le.next
-	} else if l.held == le {
-		l.held = le.next
+	le.l.mu.Lock()
+	le.l.unlink(le)
+	le.l.mu.Unlock()
+}
+
+// setDeadline moves the deadline (and the timer, if there is one). le.mu is
+// held, or le is not shared yet.
+func (le *Lease) setDeadline(d time.Time) {
+	le.deadline = d
+	le.dl.Store(int64(d.Sub(le.l.epoch)))
+	if le.timer != nil {
+		le.timer.Reset(time.Until(d))
 	}
-	if le.next != nil {
-		le.next.prev = le.prev
-	}
-	le.prev, le.next = nil, nil
-	l.mu.Unlock()
 }
 
 // checkDeadline ends the lease as lost if its deadline has passed. It runs
-// when the deadline timer fires, and from Err. The check and the end are
+// when the deadline timer fires, from Err, and from the Locker's sweep. The check and the end are
 // one step under le.mu, so a refresh that moves the deadline cannot slip in
 // between.
 func (le *Lease) checkDeadline() {

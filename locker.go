@@ -128,7 +128,10 @@ type Locker struct {
 	mu       sync.Mutex
 	closed   bool
 	inflight sync.WaitGroup
-	held     *Lease // leases held through this Locker, a list linked by Lease.prev/next
+	// held lists the leases held through this Locker, linked by
+	// Lease.prev/next, newest first; epoch is the origin of Lease.dl.
+	held, tail *Lease
+	epoch      time.Time
 }
 
 // New returns a Locker over the backend driver d. Backend packages offer
@@ -139,7 +142,7 @@ type Locker struct {
 // acquire fail with an error matching ErrInvalidConfig or ErrInvalidTTL,
 // before any I/O.
 func New(d backend.Driver, opts *Options) *Locker {
-	l := &Locker{drv: d, limits: d.Limits(), closeDone: make(chan struct{})}
+	l := &Locker{drv: d, limits: d.Limits(), closeDone: make(chan struct{}), epoch: time.Now()}
 	l.closing, l.close = context.WithCancel(context.Background())
 	if opts != nil {
 		l.opts = *opts
@@ -349,6 +352,49 @@ func (l *Locker) checkTTL(ttl time.Duration) error {
 		return fmt.Errorf("%w: %v is above the backend's ceiling of %v", ErrInvalidTTL, ttl, l.limits.MaxTTL)
 	}
 	return nil
+}
+
+// link puts le at the head of the held list. It also looks at the oldest
+// entry: if its deadline has passed it is returned, for the caller to end
+// (with checkDeadline, after releasing l.mu); otherwise it moves to the
+// head. So a lease that nobody releases or watches leaves the list after a
+// bounded number of later acquires, without a timer per lease. l.mu is held.
+func (l *Locker) link(le *Lease) (expired *Lease) {
+	if t := l.tail; t != nil && int64(time.Since(l.epoch)) >= t.dl.Load() {
+		expired = t
+	} else if t != nil && t != l.held {
+		l.unlink(t)
+		l.pushFront(t)
+	}
+	l.pushFront(le)
+	return expired
+}
+
+func (l *Locker) pushFront(le *Lease) {
+	le.prev, le.next = nil, l.held
+	if l.held != nil {
+		l.held.prev = le
+	} else {
+		l.tail = le
+	}
+	l.held = le
+}
+
+// unlink removes le from the held list, if it is there. l.mu is held.
+func (l *Locker) unlink(le *Lease) {
+	if le.prev != nil {
+		le.prev.next = le.next
+	} else if l.held == le {
+		l.held = le.next
+	} else {
+		return // not in the list
+	}
+	if le.next != nil {
+		le.next.prev = le.prev
+	} else {
+		l.tail = le.prev
+	}
+	le.prev, le.next = nil, nil
 }
 
 // enter registers an operation in flight, or returns ErrClosed. The caller
