@@ -22,7 +22,6 @@ type Lease struct {
 	key      string
 	token    Token
 	bl       backend.Lease
-	acquired time.Time
 	askedTTL time.Duration
 	stopBG   context.CancelFunc // ends the watchdog and loss watcher; nil if there are none
 
@@ -49,7 +48,6 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 		key:      key,
 		token:    Token(bl.Token()),
 		bl:       bl,
-		acquired: start,
 		askedTTL: ao.TTL,
 		ttl:      bl.TTL(),
 	}
@@ -93,7 +91,9 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 	}
 	if closed {
 		// Close began while we were acquiring: give the lock back.
-		_ = le.release(context.Background(), ErrClosed)
+		ctx, cancel := context.WithTimeout(context.Background(), closeReleaseTimeout)
+		defer cancel()
+		_ = le.release(ctx, ErrClosed)
 		le.end(ErrClosed)
 		return nil, ErrClosed
 	}
