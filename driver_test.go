@@ -75,24 +75,31 @@ func (l *flakyLease) Release(ctx context.Context) error {
 
 var errLostReply = fmt.Errorf("%w: reply lost", backend.ErrUnavailable)
 
-// A refresh that shortened the lease on the server but whose reply was lost
-// must pull the deadline in: the server may expire the lock that soon.
-func TestRefreshLostReplyPullsDeadlineIn(t *testing.T) {
+// flakyLeaseOnK returns a 10 s lease on "k" through a flakyDriver over a
+// memory store; the Locker is closed when t ends.
+func flakyLeaseOnK(t *testing.T) (*memory.Store, *flakyDriver, *dlock.Lease) {
+	t.Helper()
 	s := memory.NewStore()
 	d := &flakyDriver{Driver: memory.NewDriver(s)}
 	l := dlock.New(d, nil)
-	defer l.Close()
+	t.Cleanup(func() { l.Close() })
 	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s, d, le
+}
+
+// A refresh that shortened the lease on the server but whose reply was lost
+// must pull the deadline in: the server may expire the lock that soon.
+func TestRefreshLostReplyPullsDeadlineIn(t *testing.T) {
+	_, d, le := flakyLeaseOnK(t)
 	d.lostReply.Store(true)
-	start := time.Now()
 	if err := le.Refresh(t.Context(), 50*time.Millisecond); !errors.Is(err, dlock.ErrUnavailable) {
 		t.Fatalf("Refresh with a lost reply = %v, want ErrUnavailable", err)
 	}
-	if after := time.Now(); le.Deadline().After(after.Add(50 * time.Millisecond)) {
-		t.Errorf("Deadline %v after a possibly applied 50ms refresh at %v", le.Deadline().Sub(start), 0)
+	if latest := time.Now().Add(50 * time.Millisecond); le.Deadline().After(latest) {
+		t.Errorf("Deadline %v is later than %v, where a possibly applied 50ms refresh ends", le.Deadline(), latest)
 	}
 	select {
 	case <-le.Done():
@@ -104,14 +111,7 @@ func TestRefreshLostReplyPullsDeadlineIn(t *testing.T) {
 // A release whose reply was lost may have freed the lock: the lease ends,
 // and a second Release tries again to give it back.
 func TestReleaseLostReplyEndsLease(t *testing.T) {
-	s := memory.NewStore()
-	d := &flakyDriver{Driver: memory.NewDriver(s)}
-	l := dlock.New(d, nil)
-	defer l.Close()
-	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, d, le := flakyLeaseOnK(t)
 	d.lostReply.Store(true)
 	if err := le.Release(t.Context()); !errors.Is(err, dlock.ErrUnavailable) {
 		t.Fatalf("Release with a lost reply = %v, want ErrUnavailable", err)
