@@ -2,6 +2,7 @@ package dlock_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -66,4 +67,25 @@ func ExampleLease_Context() {
 	<-work.Done()
 	fmt.Println(context.Cause(work))
 	// Output: dlock: lease lost: expired by Store.Expire
+}
+
+// A Config names one URL per purpose; code asks for the purpose. Here both
+// are the in-process backend; in production the correctness URL would name
+// etcd or ZooKeeper (a Redis URL there fails to open).
+func ExampleConfig() {
+	var cfg dlock.Config
+	_ = json.Unmarshal([]byte(`{
+		"efficiency":  "mem://example-cache?ttl=10s",
+		"correctness": "mem://example-orders?ttl=15s"
+	}`), &cfg) // or dlock.ConfigFromEnv()
+
+	locker, err := cfg.Open(context.Background(), dlock.Correctness)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer locker.Close()
+	g := locker.Guarantees()
+	fmt.Println("fencing:", g.Fencing, "clock-dependent:", g.ClockDependent)
+	// Output: fencing: consensus clock-dependent: false
 }

@@ -103,6 +103,17 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 // Key returns the lock key.
 func (le *Lease) Key() string { return le.key }
 
+// As lets a caller reach the backend's own view of this lease: it sets
+// *target and reports true when the backend supports the target's type
+// (each backend documents which; etcd supports *etcd.Ownership, for fencing
+// etcd transactions with the lock). It reports false otherwise.
+func (le *Lease) As(target any) bool {
+	if a, ok := le.bl.(interface{ As(any) bool }); ok {
+		return a.As(target)
+	}
+	return false
+}
+
 // Token returns the fencing token of this grant (0 if the backend issues
 // none). Pass it to the protected resource with every write, and have the
 // resource reject tokens lower than the highest it has seen.
@@ -378,7 +389,11 @@ func (le *Lease) watchdog(ctx context.Context, ttl time.Duration, maxUntil time.
 			// MaxHold reached: let the lease run out.
 			return
 		}
-		err := le.refresh(ctx, next)
+		// A refresh that cannot finish before the deadline is of no use,
+		// and must not hold up Release or Close while the backend hangs.
+		rctx, cancel := context.WithDeadline(ctx, le.Deadline())
+		err := le.refresh(rctx, next)
+		cancel()
 		switch {
 		case err == nil:
 			t.Reset(interval)

@@ -43,6 +43,9 @@ type Token uint64
 // Guarantees is what a backend promises; see [backend.Guarantees].
 type Guarantees = backend.Guarantees
 
+// Limits are a backend's bounds on lease times; see [Locker.Limits].
+type Limits = backend.Limits
+
 // FencingGrade says how far tokens can be trusted; see [backend.FencingGrade].
 type FencingGrade = backend.FencingGrade
 
@@ -75,7 +78,8 @@ const (
 // Options configure a Locker. A nil *Options means all defaults.
 type Options struct {
 	// TTL is the lease time for acquires that do not set one.
-	// Default DefaultTTL (30 s).
+	// Default DefaultTTL (30 s), or the backend's Limits().MaxTTL if that
+	// is shorter (a ZooKeeper session timeout below 30 s).
 	TTL time.Duration
 	// RetryMin and RetryMax bound the jittered, exponentially growing delay
 	// between attempts of Acquire on a backend that cannot tell waiters
@@ -87,7 +91,8 @@ type Options struct {
 	// DriftFactor is the share of a TTL assumed lost to clock drift between
 	// this process and the servers: Lease.Deadline is the time the grant was
 	// requested plus TTL minus TTL×DriftFactor minus 2 ms. It must be below
-	// 0.5. Default DefaultDriftFactor (0.01).
+	// 0.5. Default DefaultDriftFactor (0.01); a backend whose algorithm
+	// assumes more (Redlock's drift_factor) raises it to its own.
 	DriftFactor float64
 	// Logger receives warnings (failed background refreshes, failed
 	// releases at Close). Default slog.Default().
@@ -158,6 +163,9 @@ func New(d backend.Driver, opts *Options) *Locker {
 	}
 	if o.TTL == 0 {
 		o.TTL = DefaultTTL
+		if m := l.limits.MaxTTL; m > 0 && m < o.TTL {
+			o.TTL = m // a backend whose leases cannot last that long
+		}
 	}
 	if o.RetryMin == 0 {
 		o.RetryMin = DefaultRetryMin
@@ -167,6 +175,9 @@ func New(d backend.Driver, opts *Options) *Locker {
 	}
 	if o.DriftFactor == 0 {
 		o.DriftFactor = DefaultDriftFactor
+	}
+	if df, ok := d.(backend.Drifter); ok && df.DriftFactor() > o.DriftFactor {
+		o.DriftFactor = df.DriftFactor() // the backend's algorithm needs more room
 	}
 	if l.cfgErr == nil {
 		l.cfgErr = l.checkTTL(o.TTL)
@@ -182,8 +193,19 @@ func New(d backend.Driver, opts *Options) *Locker {
 // here: it is true when the backend tells waiters of releases.
 func (l *Locker) Guarantees() Guarantees {
 	g := l.drv.Guarantees()
-	_, g.WakesWaiters = l.drv.(backend.Waiter)
+	_, waiter := l.drv.(backend.Waiter)
+	_, queuer := l.drv.(backend.Queuer)
+	g.WakesWaiters = waiter || queuer
 	return g
+}
+
+// Limits reports the backend's bounds on lease times (the shortest TTL it
+// grants, and the longest if it has one). Acquires with a TTL outside them
+// fail with ErrInvalidTTL before any I/O.
+func (l *Locker) Limits() Limits {
+	lim := l.limits
+	lim.MinTTL = max(lim.MinTTL, MinTTL)
+	return lim
 }
 
 // As lets a caller reach the backend's own types: it sets *target and
@@ -226,9 +248,16 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 	if err := ctx.Err(); err != nil {
 		return nil, opErr(op, key, cancelled(ctx))
 	}
-	lease, err := l.try(ctx, key, &ao)
-	if err == nil || !wait || !errors.Is(err, ErrNotAcquired) {
-		return lease, l.acquireErr(ctx, op, key, err)
+	queuer, _ := l.drv.(backend.Queuer)
+	var (
+		lease *Lease
+		err   error
+	)
+	if !wait || queuer == nil {
+		lease, err = l.try(ctx, key, &ao, l.drv.TryAcquire)
+		if err == nil || !wait || !errors.Is(err, ErrNotAcquired) {
+			return lease, l.acquireErr(ctx, op, key, err)
+		}
 	}
 
 	// Wait. From here on Close ends the wait: the context is cancelled
@@ -236,6 +265,11 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	defer context.AfterFunc(l.closing, func() { cancel(ErrClosed) })()
+	if queuer != nil {
+		// The backend's own queue does the waiting.
+		lease, err = l.try(ctx, key, &ao, queuer.Acquire)
+		return lease, l.acquireErr(ctx, op, key, err)
+	}
 	var (
 		wake      <-chan struct{}
 		stopWatch func()
@@ -271,7 +305,7 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 				return nil, l.acquireErr(ctx, op, key, err)
 			}
 		}
-		lease, err = l.try(ctx, key, &ao)
+		lease, err = l.try(ctx, key, &ao, l.drv.TryAcquire)
 		if err == nil || !errors.Is(err, ErrNotAcquired) {
 			return lease, l.acquireErr(ctx, op, key, err)
 		}
@@ -280,7 +314,9 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 
 // acquireErr is the error of an acquire that ended with err (nil: success).
 // When ctx has ended, the error says so: ErrClosed if Close ended it, else
-// one that matches ErrNotAcquired and ctx.Err().
+// one that matches ErrNotAcquired and ctx.Err() (and ErrUnavailable as well
+// when the backend's last answer was a failure, or no answer by the
+// deadline; never for a cancellation).
 func (l *Locker) acquireErr(ctx context.Context, op, key string, err error) error {
 	switch {
 	case err == nil:
@@ -289,6 +325,10 @@ func (l *Locker) acquireErr(ctx context.Context, op, key string, err error) erro
 		return opErr(op, key, err)
 	case context.Cause(ctx) == ErrClosed:
 		return opErr(op, key, ErrClosed)
+	case errors.Is(err, ErrUnavailable) && !errors.Is(err, context.Canceled):
+		// The backend failed, or did not answer before the deadline:
+		// say both. (A cancellation is the caller's, not a failure.)
+		return opErr(op, key, fmt.Errorf("%w; last backend error: %w", cancelled(ctx), err))
 	default:
 		return opErr(op, key, cancelled(ctx))
 	}
@@ -410,11 +450,14 @@ func (l *Locker) enter() error {
 }
 
 // try makes one attempt and wraps a grant in a Lease.
-func (l *Locker) try(ctx context.Context, key string, ao *AcquireOptions) (*Lease, error) {
+func (l *Locker) try(ctx context.Context, key string, ao *AcquireOptions, acquire func(context.Context, string, time.Duration) (backend.Lease, error)) (*Lease, error) {
 	start := time.Now()
-	bl, err := l.drv.TryAcquire(ctx, key, ao.TTL)
+	bl, err := acquire(ctx, key, ao.TTL)
 	if err != nil {
 		return nil, err
+	}
+	if a, ok := bl.(backend.Anchored); ok && a.Anchor().After(start) {
+		start = a.Anchor()
 	}
 	if ttl := bl.TTL(); !time.Now().Before(start.Add(ttl - l.margin(ttl))) {
 		// The grant came back too late to be of use: the server may

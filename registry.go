@@ -41,6 +41,22 @@ func Register(scheme string, open Opener) {
 	registry[scheme] = open
 }
 
+var (
+	declaredMu sync.RWMutex
+	declared   = map[string]Guarantees{}
+)
+
+// RegisterGuarantees records what every Locker opened from scheme promises
+// at best (its fencing grade and whether it depends on clocks), so that
+// [Open] can refuse a purpose the backend cannot serve before any I/O.
+// Backend packages call it from init, next to [Register]; without it Open
+// checks the Locker's Guarantees after opening.
+func RegisterGuarantees(scheme string, g Guarantees) {
+	declaredMu.Lock()
+	defer declaredMu.Unlock()
+	declared[strings.ToLower(scheme)] = g
+}
+
 // Schemes returns the registered URL schemes, sorted.
 func Schemes() []string {
 	registryMu.RLock()
@@ -57,7 +73,14 @@ func Schemes() []string {
 // or "mem://". The scheme picks the backend, which must be registered (by
 // importing its package). Parameters every backend accepts:
 //
-//	ttl   default lease TTL (Options.TTL), a Go duration such as 10s
+//	ttl      default lease TTL (Options.TTL), a Go duration such as 10s
+//	purpose  efficiency (the default) or correctness: what the lock is
+//	         for. Opening a backend for correctness fails unless its
+//	         Guarantees report consensus fencing and no clock dependence
+//	         (etcd, ZooKeeper); see [Purpose].
+//	unsafe_accept_clock_dependent_lock
+//	         true opens it anyway (logged as a warning), for those who
+//	         accept the risk
 //
 // Each backend documents its own parameters; an unknown one is an error
 // matching ErrInvalidConfig, as is an unknown scheme.
@@ -88,6 +111,30 @@ func Open(ctx context.Context, rawURL string) (*Locker, error) {
 		opts.TTL = d
 		q.Del("ttl")
 	}
+	purpose := Efficiency
+	if v, ok := q["purpose"]; ok {
+		purpose = Purpose(v[0])
+		if (purpose != Efficiency && purpose != Correctness) || len(v) > 1 {
+			return nil, opErr("open", "", fmt.Errorf("%w: parameter purpose=%q: want %q or %q", ErrInvalidConfig, v[0], Efficiency, Correctness))
+		}
+		q.Del("purpose")
+	}
+	override := false
+	if v, ok := q[unsafeOverrideParam]; ok {
+		if len(v) > 1 || (v[0] != "true" && v[0] != "false") {
+			return nil, opErr("open", "", fmt.Errorf("%w: parameter %s=%q: want true or false", ErrInvalidConfig, unsafeOverrideParam, v[0]))
+		}
+		override = v[0] == "true"
+		q.Del(unsafeOverrideParam)
+	}
+	declaredMu.RLock()
+	g, known := declared[strings.ToLower(u.Scheme)]
+	declaredMu.RUnlock()
+	if known && !override {
+		if err := purpose.Check(g); err != nil {
+			return nil, opErr("open", "", err) // before any I/O
+		}
+	}
 	rest := *u
 	rest.RawQuery = q.Encode()
 	d, err := open(ctx, &rest)
@@ -98,6 +145,14 @@ func Open(ctx context.Context, rawURL string) (*Locker, error) {
 	if l.cfgErr != nil {
 		_ = d.Close()
 		return nil, opErr("open", "", l.cfgErr)
+	}
+	if err := purpose.Check(l.Guarantees()); err != nil {
+		if !override {
+			_ = d.Close()
+			return nil, opErr("open", "", err)
+		}
+		l.log.Warn("dlock: opened a lock for correctness on a backend that cannot guarantee it, as "+unsafeOverrideParam+"=true asks",
+			"scheme", u.Scheme, "reason", err)
 	}
 	return l, nil
 }

@@ -7,7 +7,8 @@
 // automatic refresh, the lease-lost signal, the closed state and error
 // wrapping). A backend implements only what differs: one acquire attempt,
 // refresh, release, and optionally a native way to wait for a key to be freed
-// ([Waiter]) and a way to learn that a lease was lost ([LossNotifier]).
+// ([Waiter], or a whole queue, [Queuer]) and a way to learn that a lease was
+// lost ([LossNotifier]).
 //
 // Guarantees the dlock layer gives a backend:
 //   - keys have passed [ValidateKey] and [Driver.ValidateKey];
@@ -138,7 +139,8 @@ type Guarantees struct {
 	FIFO bool
 	// WakesWaiters reports that a waiting Acquire is woken when the holder
 	// releases, rather than polling. dlock.Locker.Guarantees sets it from
-	// whether the backend implements [Waiter]; a backend leaves it false.
+	// whether the backend implements [Waiter] or [Queuer]; a backend leaves
+	// it false.
 	WakesWaiters bool
 	// ClockDependent reports that mutual exclusion rests on timing
 	// assumptions: bounded clock drift between client and servers, and
@@ -218,11 +220,47 @@ func (e *HeldError) Unwrap() error { return ErrNotAcquired }
 // have been freed, instead of leaving it to poll.
 type Waiter interface {
 	// Watch starts watching key for releases. It returns once the watch is
-	// in force: a release that happens after Watch returns is reported on
-	// the channel. The channel receives (or is closed) when the key may be
-	// free; spurious wake-ups are allowed. stop ends the watch and must be
-	// called exactly once.
+	// in force: a release that happens after Watch has returned and a later
+	// [Driver.TryAcquire] of key has found it held is reported on the
+	// channel (a backend may need that attempt to learn that the lock is
+	// waited for; the dlock layer always makes it). The channel receives
+	// (or is closed) when the key may be free; spurious wake-ups are
+	// allowed. stop ends the watch and must be called exactly once.
 	Watch(ctx context.Context, key string) (wake <-chan struct{}, stop func(), err error)
+}
+
+// Queuer is implemented by backends with a native wait queue on the server
+// (etcd, ZooKeeper): waiters line up in arrival order, each is woken when its
+// turn comes, and the lock goes to them first come, first served. The dlock
+// layer's Acquire then calls Queuer.Acquire instead of its own
+// try-and-wait loop; TryAcquire still calls [Driver.TryAcquire].
+type Queuer interface {
+	// Acquire joins the queue for key and returns when the lock is
+	// granted. When ctx ends first it returns an error wrapping ctx.Err()
+	// (and [ErrNotAcquired]) after removing this waiter from the server.
+	// While it waits, the backend keeps the waiter's own lease alive; a
+	// waiter whose lease is lost while queued returns an error, never a
+	// grant. The returned Lease's TTL counts from the moment given by
+	// [Anchored] if it implements it, else from the start of the call.
+	Acquire(ctx context.Context, key string, ttl time.Duration) (Lease, error)
+}
+
+// Anchored is implemented by a [Lease] whose TTL counts from a request sent
+// after the start of the call that returned it (for example a keepalive sent
+// while the waiter was queued). The dlock layer counts Lease.Deadline from
+// Anchor, or from the start of the call if that is later.
+type Anchored interface {
+	// Anchor returns the local time, with its monotonic clock reading, at
+	// which the request that set the lease's current expiry was sent.
+	Anchor() time.Time
+}
+
+// Drifter is implemented by a [Driver] whose algorithm allows more clock
+// drift than the dlock layer's default (Redlock's DriftFactor option): the
+// Locker then counts Lease.Deadline with the larger factor.
+type Drifter interface {
+	// DriftFactor is the share of a TTL allowed for clock drift.
+	DriftFactor() float64
 }
 
 // LossNotifier is implemented by a [Lease] whose backend learns of loss by

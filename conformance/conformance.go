@@ -53,7 +53,7 @@ type Harness interface {
 type HarnessMaker func(ctx context.Context, t *testing.T) (Harness, error)
 
 // ShortTTL is the lease time of the cases that wait for expiry. Backends
-// whose floor is higher get their floor.
+// whose floor (Locker.Limits().MinTTL) is higher get their floor.
 const ShortTTL = 400 * time.Millisecond
 
 // slack bounds how late a signal may come in the timing cases: generous, as
@@ -72,6 +72,7 @@ func Run(t *testing.T, newHarness HarnessMaker) {
 	s := &suite{h: h}
 	probe := s.locker(t)
 	s.g = probe.Guarantees()
+	s.short = max(ShortTTL, probe.Limits().MinTTL)
 	t.Logf("guarantees: fencing=%v tolerated-failures=%d fifo=%v clock-dependent=%v wakes-waiters=%v",
 		s.g.Fencing, s.g.ToleratedFailures, s.g.FIFO, s.g.ClockDependent, s.g.WakesWaiters)
 
@@ -99,6 +100,7 @@ func Run(t *testing.T, newHarness HarnessMaker) {
 			{"MaxHold", s.maxHold},
 			{"Deadline", s.deadline},
 			{"FIFO", s.fifo},
+			{"WaitLongerThanTTL", s.waitLongerThanTTL},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				t.Parallel()
@@ -109,8 +111,9 @@ func Run(t *testing.T, newHarness HarnessMaker) {
 }
 
 type suite struct {
-	h Harness
-	g dlock.Guarantees
+	h     Harness
+	g     dlock.Guarantees
+	short time.Duration // ShortTTL, or the backend's floor if higher
 }
 
 // locker returns a new Locker with default options, closed when t ends.
@@ -300,7 +303,7 @@ func (s *suite) expiryFreesKey(t *testing.T) {
 	a, b := s.locker(t), s.locker(t)
 	k := key(t)
 	// a takes the lock and vanishes: no refresh, no release.
-	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: ShortTTL})
+	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: s.short})
 	ctx, cancel := context.WithTimeout(t.Context(), slack)
 	defer cancel()
 	lb, err := b.Acquire(ctx, k, nil)
@@ -322,7 +325,7 @@ func (s *suite) expiryFreesKey(t *testing.T) {
 func (s *suite) refreshExtends(t *testing.T) {
 	a, b := s.locker(t), s.locker(t)
 	k := key(t)
-	ttl := ShortTTL
+	ttl := s.short
 	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: ttl})
 	before := la.Deadline()
 	if err := la.Refresh(t.Context(), time.Minute); err != nil {
@@ -576,7 +579,7 @@ func (s *suite) keysIndependent(t *testing.T) {
 func (s *suite) autoRefresh(t *testing.T) {
 	a, b := s.locker(t), s.locker(t)
 	k := key(t)
-	ttl := ShortTTL
+	ttl := s.short
 	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: ttl, AutoRefresh: true, MaxHold: time.Minute})
 	first := la.Deadline()
 	time.Sleep(4 * ttl)
@@ -594,7 +597,7 @@ func (s *suite) autoRefresh(t *testing.T) {
 func (s *suite) maxHold(t *testing.T) {
 	a, b := s.locker(t), s.locker(t)
 	k := key(t)
-	ttl := ShortTTL
+	ttl := s.short
 	start := time.Now()
 	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: ttl, AutoRefresh: true, MaxHold: 2 * ttl})
 	if !waitDone(la, start.Add(2*ttl+slack)) {
@@ -677,4 +680,33 @@ func (s *suite) fifo(t *testing.T) {
 		}
 		want++
 	}
+}
+
+// waitLongerThanTTL: a waiter queued for longer than the TTL it asks for
+// still gets a full lease once the holder releases (its TTL counts from the
+// grant, not from when it began to wait).
+func (s *suite) waitLongerThanTTL(t *testing.T) {
+	a, b := s.locker(t), s.locker(t)
+	k := key(t)
+	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: time.Minute})
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(t.Context(), 3*s.short+slack)
+		defer cancel()
+		lb, err := b.Acquire(ctx, k, &dlock.AcquireOptions{TTL: s.short})
+		if err != nil {
+			t.Errorf("Acquire after a wait longer than its TTL: %v", err)
+		}
+		got <- lb
+	}()
+	time.Sleep(3 * s.short)
+	release(t, la)
+	lb := <-got
+	if lb == nil {
+		return
+	}
+	if now := time.Now(); !lb.Deadline().After(now) {
+		t.Errorf("the lease granted after a long wait has Deadline %v, not after now (%v)", lb.Deadline(), now)
+	}
+	release(t, lb)
 }

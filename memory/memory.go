@@ -24,7 +24,10 @@ import (
 	"github.com/dlock-go/dlock/backend"
 )
 
-func init() { dlock.Register("mem", open) }
+func init() {
+	dlock.Register("mem", open)
+	dlock.RegisterGuarantees("mem", dlock.Guarantees{Fencing: dlock.FencingConsensus})
+}
 
 var (
 	namedMu sync.Mutex

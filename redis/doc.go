@@ -41,8 +41,14 @@
 //     script may safely run twice: a resent acquire (go-redis retries
 //     commands after network errors) finds the lock holding its own value
 //     and returns the token of the first run.
-//   - Release is one EVALSHA of release.lua: compare-and-delete, then
-//     PUBLISH on the key's release channel so that waiters wake at once.
+//   - A failed acquire marks the lock as waited for: it appends "+" to
+//     the holder's value (once; APPEND keeps the TTL). The holder's
+//     scripts accept its value with or without the mark.
+//   - Release is one EVALSHA of release.lua: compare-and-delete and, only
+//     if the lock was marked, PUBLISH on the key's release channel so that
+//     waiters wake at once. An uncontended release thus costs the server
+//     what a plain compare-and-delete costs. A waiter subscribes before the
+//     attempt that marks, so no release it waits for goes unpublished.
 //   - Refresh is compare-and-PEXPIRE (refresh.lua); it never re-creates a
 //     key that is gone.
 //   - Waiting ([backend.Waiter]) uses one pub/sub connection per Driver,

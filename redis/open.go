@@ -11,11 +11,15 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/urlparam"
 )
 
 func init() {
 	dlock.Register("redis", open)
 	dlock.Register("rediss", open)
+	g := dlock.Guarantees{Fencing: dlock.FencingBestEffort, ClockDependent: true, Notes: "single Redis: see the redis package"}
+	dlock.RegisterGuarantees("redis", g)
+	dlock.RegisterGuarantees("rediss", g)
 }
 
 // New checks opts and the server's eviction policy, loads the scripts, and
@@ -76,26 +80,12 @@ func parseURL(u *url.URL) (*goredis.Options, *Options, error) {
 		return nil, nil, bad("query of %s: %w", u.Redacted(), err)
 	}
 	var o Options
-	take := func(name string) (string, bool, error) {
-		v, ok := q[name]
-		if !ok {
-			return "", false, nil
-		}
-		q.Del(name)
-		if len(v) != 1 {
-			return "", false, bad("parameter %s given %d times", name, len(v))
-		}
-		return v[0], true, nil
-	}
-	if v, ok, err := take("prefix"); err != nil {
+	if v, ok, err := urlparam.Take(q, "prefix"); err != nil {
 		return nil, nil, err
 	} else if ok {
-		if v == "" {
-			return nil, nil, bad("parameter prefix is empty (leave it out for the default %q)", DefaultPrefix)
-		}
 		o.Prefix = v
 	}
-	if v, ok, err := take("wait_replicas"); err != nil {
+	if v, ok, err := urlparam.Take(q, "wait_replicas"); err != nil {
 		return nil, nil, err
 	} else if ok {
 		n, err := strconv.Atoi(v)
@@ -104,7 +94,7 @@ func parseURL(u *url.URL) (*goredis.Options, *Options, error) {
 		}
 		o.WaitReplicas = n
 	}
-	if v, ok, err := take("wait_timeout"); err != nil {
+	if v, ok, err := urlparam.Take(q, "wait_timeout"); err != nil {
 		return nil, nil, err
 	} else if ok {
 		t, err := time.ParseDuration(v)
@@ -113,7 +103,7 @@ func parseURL(u *url.URL) (*goredis.Options, *Options, error) {
 		}
 		o.WaitTimeout = t
 	}
-	if v, ok, err := take("eviction_check"); err != nil {
+	if v, ok, err := urlparam.Take(q, "eviction_check"); err != nil {
 		return nil, nil, err
 	} else if ok {
 		switch v {

@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"crypto/rand"
-	_ "embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -17,27 +16,20 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/redisscript"
 )
 
-// The scripts, one file each (see the header of each file for KEYS and ARGV).
+// The scripts (internal/redisscript, shared with the redlock backend).
 var (
-	//go:embed acquire.lua
-	acquireSrc string
-	//go:embed release.lua
-	releaseSrc string
-	//go:embed refresh.lua
-	refreshSrc string
-
-	acquireScript = goredis.NewScript(acquireSrc)
-	releaseScript = goredis.NewScript(releaseSrc)
-	refreshScript = goredis.NewScript(refreshSrc)
+	acquireScript = redisscript.Acquire
+	releaseScript = redisscript.Release
+	refreshScript = redisscript.Refresh
 )
 
-// Suffixes of the keys and channel that belong to one lock key. They follow
-// the closing brace of the hash tag, so they share the lock key's slot.
+// Suffixes of the keys and channel that belong to one lock key.
 const (
-	fenceSuffix   = ":fence"
-	releaseSuffix = ":released" // also spelled out in release.lua
+	fenceSuffix   = redisscript.FenceSuffix
+	releaseSuffix = redisscript.ReleaseSuffix
 )
 
 // DefaultPrefix is the key prefix used when [Options].Prefix is empty.

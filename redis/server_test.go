@@ -327,6 +327,11 @@ func TestWatchWakesOnRelease(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The attempt after Watch marks the lock as waited for.
+		var held *backend.HeldError
+		if _, err := waiter.TryAcquire(ctx, key, time.Minute); !errors.As(err, &held) {
+			t.Fatalf("round %d: TryAcquire of a held key = %v, want HeldError", round, err)
+		}
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -345,6 +350,66 @@ func TestWatchWakesOnRelease(t *testing.T) {
 		stop1()
 		stop2()
 		stopOther()
+	}
+}
+
+// TestReleasePublishesOnlyWhenWaitedFor: an uncontended release is a plain
+// compare-and-delete; a failed acquire marks the lock, and then the release
+// is published. A sentinel message published by the test after each
+// release shows, by arriving first, that the release published nothing.
+func TestReleasePublishesOnlyWhenWaitedFor(t *testing.T) {
+	t.Parallel()
+	c := serverClient(t)
+	d := newDriver(t, c, nil)
+	ctx := t.Context()
+	key := uniqueKey(t)
+	channel := lockKey(key) + ":released"
+	ps := c.Subscribe(ctx, channel)
+	defer ps.Close()
+	if _, err := ps.Receive(ctx); err != nil { // the subscription's confirmation
+		t.Fatal(err)
+	}
+	next := func() string {
+		t.Helper()
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		m, err := ps.ReceiveMessage(rctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Payload
+	}
+	for _, waited := range []bool{false, true, false} {
+		l, err := d.TryAcquire(ctx, key, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waited {
+			for range 2 { // the second attempt finds the mark and keeps it
+				if _, err := d.TryAcquire(ctx, key, time.Minute); !errors.Is(err, backend.ErrNotAcquired) {
+					t.Fatalf("TryAcquire of a held key = %v, want ErrNotAcquired", err)
+				}
+			}
+			if v := c.Get(ctx, lockKey(key)).Val(); !strings.HasSuffix(v, "+") || strings.HasSuffix(v, "++") {
+				t.Fatalf("value after two failed attempts = %q, want one '+' appended", v)
+			}
+			// The holder still owns the marked lock.
+			if _, err := l.Refresh(ctx, time.Minute); err != nil {
+				t.Fatalf("Refresh of a marked lock = %v", err)
+			}
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Publish(ctx, channel, "sentinel").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := next(), map[bool]string{false: "sentinel", true: "1"}[waited]; got != want {
+			t.Fatalf("waited=%v: first message after the release = %q, want %q", waited, got, want)
+		}
+		if waited && next() != "sentinel" {
+			t.Fatal("the sentinel did not follow the release message")
+		}
 	}
 }
 
@@ -491,6 +556,9 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop2()
+	if _, err := d.TryAcquire(t.Context(), key, time.Minute); !errors.Is(err, backend.ErrNotAcquired) {
+		t.Fatalf("TryAcquire of a held key = %v, want ErrNotAcquired", err) // and marks it waited for
+	}
 	if err := l.Release(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -505,5 +573,30 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 	stop()
 	if _, _, err := d.Watch(t.Context(), key); !errors.Is(err, backend.ErrClosed) {
 		t.Errorf("Watch after Close = %v, want ErrClosed", err)
+	}
+}
+
+// TestOpenForCorrectness: a single Redis cannot serve locks that protect
+// data; the error says why and what to use, and the loudly named override
+// opens it anyway.
+func TestOpenForCorrectness(t *testing.T) {
+	u := "redis://" + serverAddr(t)
+	_, err := dlock.Open(t.Context(), u+"?purpose=correctness")
+	if !errors.Is(err, dlock.ErrInvalidConfig) || !strings.Contains(err.Error(), "etcd or ZooKeeper") {
+		t.Fatalf("Open for correctness = %v; want ErrInvalidConfig naming etcd or ZooKeeper", err)
+	}
+	// Refused before any I/O: an unreachable address gives the same
+	// error, at once.
+	start := time.Now()
+	_, err = dlock.Open(t.Context(), "redis://127.0.0.1:1?purpose=correctness")
+	if !errors.Is(err, dlock.ErrInvalidConfig) || time.Since(start) > time.Second {
+		t.Errorf("Open for correctness of an unreachable Redis = %v after %v; want ErrInvalidConfig at once", err, time.Since(start))
+	}
+	for _, ok := range []string{u + "?purpose=efficiency", u + "?purpose=correctness&unsafe_accept_clock_dependent_lock=true"} {
+		l, err := dlock.Open(t.Context(), ok)
+		if err != nil {
+			t.Fatalf("Open(%q): %v", ok, err)
+		}
+		_ = l.Close()
 	}
 }

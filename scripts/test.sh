@@ -4,13 +4,22 @@
 # It makes real servers available and then runs `go test -race -count=1`:
 #
 #   1. installs missing Debian packages when running as root (docker.io,
-#      and debootstrap only when a stand-in image must be built);
+#      and debootstrap only when a Debian-based stand-in image must be built);
 #   2. starts a Docker engine (dockerd --iptables=false) if none answers;
 #      the engine is left running for later runs;
 #   3. for every server image the tests use (DLOCK_REDIS_IMAGE, default
-#      redis:7.2): uses it if present, else tries `docker pull`, else builds a
-#      stand-in image from Debian packages (debootstrap + docker import) and
-#      tags it with the configured name;
+#      redis:7.2; DLOCK_ETCD_IMAGE, default quay.io/coreos/etcd:v3.7.3;
+#      DLOCK_ZOOKEEPER_IMAGE, default zookeeper:3.8; DLOCK_POSTGRES_IMAGE,
+#      default postgres:15): uses it if present, else tries `docker pull`,
+#      else builds a stand-in image and tags it with the configured name.
+#      The Redis, ZooKeeper and PostgreSQL stand-ins are made from Debian
+#      packages (debootstrap + docker import; the ZooKeeper one has Debian's
+#      /usr/share/zookeeper/bin, where zkServer.sh is, on its PATH and logs
+#      to the console, as the official image does; the PostgreSQL one has
+#      /usr/lib/postgresql/15/bin, where initdb and postgres are, on its
+#      PATH, as the official image does); the etcd
+#      stand-in holds only an etcd binary built from its Go module
+#      (conformance/servers/etcdserver: go build + docker import);
 #   4. when a stand-in is in use, selects host networking and disables Ryuk
 #      (DLOCK_TEST_NETWORK=host, TESTCONTAINERS_RYUK_DISABLED=true) unless the
 #      caller already chose;
@@ -21,10 +30,13 @@
 #   scripts/test.sh -run X ./redis/      # extra go test args pass through
 #   scripts/test.sh --setup-only         # steps 1-5 only; prints the env to export
 #
-# Knobs (environment): DLOCK_REDIS_IMAGE, DLOCK_TEST_NETWORK,
-# DLOCK_REQUIRE_SERVERS, TESTCONTAINERS_RYUK_DISABLED, DLOCK_CACHE_DIR
-# (stand-in rootfs cache; default /var/cache/dlock as root, else
-# ~/.cache/dlock), DLOCK_DEBIAN_MIRROR (default: read from the apt sources),
+# Knobs (environment): DLOCK_REDIS_IMAGE, DLOCK_ETCD_IMAGE,
+# DLOCK_ZOOKEEPER_IMAGE, DLOCK_POSTGRES_IMAGE, DLOCK_TEST_NETWORK,
+# DLOCK_REQUIRE_SERVERS,
+# TESTCONTAINERS_RYUK_DISABLED,
+# DLOCK_CACHE_DIR (cache of stand-in root filesystems and etcd binaries;
+# default /var/cache/dlock as root, else ~/.cache/dlock),
+# DLOCK_DEBIAN_MIRROR (default: read from the apt sources),
 # DLOCK_DEBIAN_SUITE (default: this host's codename, else bookworm),
 # DLOCK_DOCKERD_LOG (default /tmp/dlock-dockerd.log), DLOCK_TEST_LOG (the
 # verbose go test log, default /tmp/dlock-test.log), DLOCK_PULL_TIMEOUT
@@ -164,13 +176,35 @@ debian_mirror() {
 	return 1
 }
 
-# build_standin IMAGE PACKAGES: build IMAGE from Debian packages; the root
-# filesystem tarball is cached in $cache_dir, so only the first build pays
-# for debootstrap.
-build_standin() {
-	local image=$1 packages=$2
+# import_standin TARBALL IMAGE WHAT [PATHDIR]: docker import a root
+# filesystem as a stand-in image; WHAT (no spaces) goes into its
+# $standin_label label; PATHDIR, if given, is appended to the image's PATH.
+import_standin() {
+	local path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+	if [ -n "${4:-}" ]; then
+		path=$path:$4
+	fi
+	docker import \
+		--change "LABEL $standin_label=$3" \
+		--change "ENV PATH=$path" \
+		"$1" "$2" >/dev/null
+}
+
+# build_debian_standin IMAGE PACKAGES [PATHDIR [FIXUP]]: build IMAGE from
+# Debian packages (PACKAGES comma-separated; their dependencies come along),
+# with PATHDIR added to its PATH. FIXUP, if given, is a function run as
+# FIXUP ROOTFS after debootstrap to adjust the root filesystem. The tarball
+# of the root filesystem is cached in $cache_dir (its name has a hash of
+# FIXUP's code, so changing FIXUP makes a new one), and only the first build
+# pays for debootstrap.
+build_debian_standin() {
+	local image=$1 packages=$2 pathdir=${3:-} fixup=${4:-}
 	local suite=${DLOCK_DEBIAN_SUITE:-$(host_codename)}
-	local tarball="$cache_dir/rootfs-$suite-${packages//,/-}.tar"
+	local name="rootfs-$suite-${packages//,/-}"
+	if [ -n "$fixup" ]; then
+		name="$name-$fixup-$(declare -f "$fixup" | sha256sum | cut -c1-8)"
+	fi
+	local tarball="$cache_dir/$name.tar"
 	if [ -s "$tarball" ]; then
 		note "reusing cached root filesystem $tarball"
 	else
@@ -190,26 +224,91 @@ build_standin() {
 			die "debootstrap failed (log: $cache_dir/debootstrap.log)"
 		fi
 		rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* || true
+		if [ -n "$fixup" ] && ! "$fixup" "$rootfs"; then
+			rm -rf "$rootfs"
+			die "$fixup failed"
+		fi
 		tar -C "$rootfs" -cf "$tarball.tmp" .
 		mv "$tarball.tmp" "$tarball"
 		rm -rf "$rootfs"
 		note "built $tarball in $((SECONDS - start))s"
 	fi
-	docker import \
-		--change "LABEL $standin_label=$packages" \
-		--change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-		"$tarball" "$image" >/dev/null
+	import_standin "$tarball" "$image" "$packages" "$pathdir"
 	note "imported stand-in image $image (Debian $suite: $packages)"
+}
+
+# zookeeper_fixup ROOTFS: make Debian's zkServer.sh log to the console, as
+# the official image's does. Debian's zookeeper 3.8 puts no SLF4J binding on
+# the server's class path, so the server would log nothing at all (and
+# conformance/servers waits for log lines): add log4j's binding, and select
+# the console appender of Debian's log4j.properties. zkServer.sh sources
+# this environment file (as zkEnv.sh) on every start.
+zookeeper_fixup() {
+	local root=$1 jar
+	local env=$root/etc/zookeeper/conf_example/environment
+	if [ ! -f "$env" ]; then
+		note "$env is missing"
+		return 1
+	fi
+	for jar in slf4j-log4j12.jar log4j-1.2.jar; do
+		if [ ! -e "$root/usr/share/java/$jar" ]; then
+			note "/usr/share/java/$jar is missing"
+			return 1
+		fi
+	done
+	cat >>"$env" <<'EOF'
+
+# Added by dlock's scripts/test.sh: log to the console (docker logs).
+CLASSPATH="$CLASSPATH:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar"
+JVMFLAGS="-Dzookeeper.root.logger=INFO,CONSOLE $JVMFLAGS"
+EOF
+}
+
+# build_etcd_standin IMAGE: build IMAGE holding only /usr/local/bin/etcd (where
+# the official image keeps it), built from the Go module
+# conformance/servers/etcdserver at the etcd version that module requires.
+# The static binary is cached in $cache_dir by version.
+build_etcd_standin() {
+	local image=$1
+	local mod=conformance/servers/etcdserver
+	local version
+	version=$(sed -n 's|.*go\.etcd\.io/etcd/server/v3 \(v[^ ]*\).*|\1|p' "$mod/go.mod" | head -n 1)
+	[ -n "$version" ] || die "cannot read the etcd server version from $mod/go.mod"
+	local bin="$cache_dir/etcd-$version"
+	if [ -x "$bin" ]; then
+		note "reusing cached etcd binary $bin"
+	else
+		mkdir -p "$cache_dir"
+		note "go build etcd $version from $mod (about a minute the first time)"
+		local start=$SECONDS
+		(cd "$mod" && CGO_ENABLED=0 go build -trimpath -buildvcs=false -o "$bin.tmp" .) ||
+			die "building etcd from $mod failed"
+		mv "$bin.tmp" "$bin"
+		note "built $bin in $((SECONDS - start))s"
+	fi
+	local root
+	root=$(mktemp -d)
+	install -d -m 0755 "$root/usr" "$root/usr/local" "$root/usr/local/bin" "$root/var" "$root/var/lib" "$root/var/lib/etcd"
+	install -d -m 1777 "$root/tmp"
+	install -m 0755 "$bin" "$root/usr/local/bin/etcd"
+	tar -C "$root" --numeric-owner --owner=0 --group=0 -cf "$root.tar" .
+	import_standin "$root.tar" "$image" "go.etcd.io/etcd/server/v3@$version"
+	rm -rf "$root" "$root.tar"
+	note "imported stand-in image $image (etcd $version built from its Go module)"
 }
 
 standin_used=false
 
-# ensure_image IMAGE PACKAGES: make IMAGE available locally.
+# ensure_image IMAGE BUILD [ARG...]: make IMAGE available locally; if it is
+# neither present nor pullable, run BUILD IMAGE ARG... to build a stand-in.
 ensure_image() {
-	local image=$1 packages=$2
+	local image=$1
+	shift
 	if docker image inspect "$image" >/dev/null 2>&1; then
-		if [ -n "$(docker image inspect -f "{{index .Config.Labels \"$standin_label\"}}" "$image" 2>/dev/null)" ]; then
-			note "$image: present (stand-in built from Debian packages)"
+		local what
+		what=$(docker image inspect -f "{{index .Config.Labels \"$standin_label\"}}" "$image" 2>/dev/null) || true
+		if [ -n "$what" ]; then
+			note "$image: present (stand-in: $what)"
 			standin_used=true
 		else
 			note "$image: present"
@@ -221,14 +320,27 @@ ensure_image() {
 		note "$image: pulled"
 		return
 	fi
-	note "$image: pull failed; building a stand-in from Debian packages"
-	build_standin "$image" "$packages"
+	note "$image: pull failed; building a stand-in"
+	local build=$1
+	shift
+	"$build" "$image" "$@"
 	standin_used=true
 }
 
 step "Checking server images"
-# One line per server kind: image, Debian packages for its stand-in.
-ensure_image "${DLOCK_REDIS_IMAGE:-redis:7.2}" redis-server
+# One line per server kind: image, how to build its stand-in.
+ensure_image "${DLOCK_REDIS_IMAGE:-redis:7.2}" build_debian_standin redis-server
+ensure_image "${DLOCK_ETCD_IMAGE:-quay.io/coreos/etcd:v3.7.3}" build_etcd_standin
+# Debian's zookeeper package (3.8 in bookworm) brings a JRE and keeps its
+# scripts in /usr/share/zookeeper/bin; conformance/servers runs
+# `zkServer.sh start-foreground` with a config of its own, as it does in the
+# official image.
+ensure_image "${DLOCK_ZOOKEEPER_IMAGE:-zookeeper:3.8}" build_debian_standin zookeeper /usr/share/zookeeper/bin zookeeper_fixup
+# Debian's postgresql package (15 in bookworm) keeps initdb and postgres in
+# /usr/lib/postgresql/15/bin and creates the postgres user; conformance/servers
+# runs initdb and postgres itself (as that user, with setpriv), as it does in
+# the official image.
+ensure_image "${DLOCK_POSTGRES_IMAGE:-postgres:15}" build_debian_standin postgresql /usr/lib/postgresql/15/bin
 
 # ---------------------------------------------------------------------------
 # Test environment
@@ -251,7 +363,7 @@ export DLOCK_REQUIRE_SERVERS=${DLOCK_REQUIRE_SERVERS:-1}
 # Containers started by this run carry this label; they are removed on exit
 # even if a test binary dies before cleaning up (Ryuk may be off).
 export DLOCK_TEST_RUN=${DLOCK_TEST_RUN:-run-$$-$RANDOM}
-for v in DLOCK_REDIS_IMAGE DLOCK_TEST_NETWORK TESTCONTAINERS_RYUK_DISABLED DLOCK_REQUIRE_SERVERS; do
+for v in DLOCK_REDIS_IMAGE DLOCK_ETCD_IMAGE DLOCK_ZOOKEEPER_IMAGE DLOCK_POSTGRES_IMAGE DLOCK_TEST_NETWORK TESTCONTAINERS_RYUK_DISABLED DLOCK_REQUIRE_SERVERS; do
 	if [ -n "${!v:-}" ]; then
 		note "$v=${!v}"
 	fi
@@ -273,6 +385,12 @@ cleanup() {
 		note "removing leftover test containers"
 		# shellcheck disable=SC2086
 		docker rm -f $ids >/dev/null 2>&1 || true
+	fi
+	# Networks of clusters in bridge mode.
+	ids=$(docker network ls -q --filter "label=dlock.test.run=$DLOCK_TEST_RUN" 2>/dev/null) || return 0
+	if [ -n "$ids" ]; then
+		# shellcheck disable=SC2086
+		docker network rm $ids >/dev/null 2>&1 || true
 	fi
 }
 trap cleanup EXIT

@@ -3,6 +3,8 @@
 //
 //	go run ./cmd/dlock-demo                          # in-process backend, no server
 //	go run ./cmd/dlock-demo redis://localhost:6379   # a Redis server
+//	go run ./cmd/dlock-demo etcd://localhost:2379    # an etcd cluster
+//	go run ./cmd/dlock-demo zk://localhost:2181      # a ZooKeeper ensemble
 //
 // Three workers contend for one key; each writes to a (simulated) store that
 // accepts a write only with a token at least as high as the highest it has
@@ -18,8 +20,10 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	_ "github.com/dlock-go/dlock/etcd"
 	_ "github.com/dlock-go/dlock/memory"
 	_ "github.com/dlock-go/dlock/redis"
+	_ "github.com/dlock-go/dlock/zookeeper"
 )
 
 // store is the protected resource: it rejects writes with stale tokens.

@@ -12,18 +12,19 @@ var redisKind = &kind{
 	name:         "redis",
 	imageEnv:     "DLOCK_REDIS_IMAGE",
 	defaultImage: "redis:7.2",
-	port:         6379,
-	cmd: func(bindAddr string, port int) []string {
+	ports:        []int{6379},
+	cmd: func(p *plan, i int) []string {
+		m := p.members[i]
 		return []string{
 			"redis-server",
-			"--port", strconv.Itoa(port),
-			"--bind", bindAddr,
+			"--port", strconv.Itoa(m.ports[0]),
+			"--bind", m.bind,
 			"--protected-mode", "no",
 			"--save", "",
 			"--appendonly", "no",
 		}
 	},
-	readyLog: "Ready to accept connections",
+	readyLog: literal("Ready to accept connections"),
 }
 
 // StartRedis starts n independent Redis servers (not a cluster, no

@@ -2,10 +2,14 @@ package servers
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +18,7 @@ import (
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 	"github.com/testcontainers/testcontainers-go"
+	"github.com/testcontainers/testcontainers-go/network"
 	"github.com/testcontainers/testcontainers-go/wait"
 )
 
@@ -40,13 +45,58 @@ type kind struct {
 	name         string // "redis"; also a container label
 	imageEnv     string // environment variable naming the image
 	defaultImage string
-	port         int // the server's port inside the container in bridge mode
 
+	// ports are the server's TCP ports inside the container in bridge mode.
+	// ports[0] is the port clients dial ([Server.Addr]) and the only one
+	// published to the host; the others (cluster peer ports) are used only
+	// between members. In host mode every member gets its own free loopback
+	// port for each entry instead.
+	ports []int
+	// cluster says that the servers of one start form a cluster: they are
+	// started together, each one's command names all of them (see plan),
+	// and in bridge mode they share a network of their own on which each
+	// member is reachable under its name.
+	cluster bool
 	// cmd returns the full command line (argv, first element the program)
-	// that makes the server listen on bindAddr:port.
-	cmd func(bindAddr string, port int) []string
-	// readyLog is the log line the server prints each time it is ready.
-	readyLog string
+	// of member i of p. A kind whose servers are independent looks only at
+	// p.members[i].
+	cmd func(p *plan, i int) []string
+	// readyLog returns a regular expression for the log line that member
+	// i of p prints when it has become ready (it may depend on the group:
+	// a ZooKeeper server alone says other things than an ensemble member).
+	// Make it one that a start prints at least once when ready and never
+	// before; printing it again later (after a re-election, say) is fine.
+	readyLog func(p *plan, i int) string
+	// stopSignal, if not empty, is the signal that [Server.Stop] sends
+	// first (for example "SIGINT"), instead of the image's STOPSIGNAL
+	// (SIGTERM unless the image says otherwise; stand-in images say nothing).
+	stopSignal string
+}
+
+// literal returns a kind.readyLog for a fixed line.
+func literal(line string) func(*plan, int) string {
+	re := regexp.QuoteMeta(line)
+	return func(*plan, int) string { return re }
+}
+
+// plan is the layout of a group of servers started together, fixed before
+// any of them starts so that cluster members can be told about each other.
+// A kind whose servers are independent is started as groups of one.
+type plan struct {
+	id      string // random; unique to the group and start attempt (e.g. etcd's cluster token)
+	members []member
+}
+
+// member is one server of a plan.
+type member struct {
+	name string // unique in the group: kind name and index ("etcd0"); the network alias in bridge mode
+	bind string // address to listen on: 127.0.0.1 (host mode) or 0.0.0.0 (bridge mode)
+	// host is the address the other members dial: 127.0.0.1 (host mode) or
+	// name (bridge mode, on the group's network; cluster kinds only).
+	host string
+	// ports has one port per kind.ports entry: free loopback ports chosen up
+	// front (host mode) or kind.ports itself (bridge mode).
+	ports []int
 }
 
 func (k *kind) image() string {
@@ -62,12 +112,12 @@ func (k *kind) image() string {
 type Server struct {
 	kind     *kind
 	c        *testcontainers.DockerContainer
-	host     bool // host networking
-	hostPort int  // host mode: the port chosen for the server
+	host     bool           // host networking
+	hostPort int            // host mode: the port chosen for clients (ports[0])
+	ready    *regexp.Regexp // the ready line (kind.readyLog)
 
-	mu     sync.Mutex
-	addr   string
-	starts int // how many times the server has been started (ready lines to wait for)
+	mu   sync.Mutex
+	addr string
 }
 
 // Addr returns the host:port to dial from the test process (always
@@ -84,8 +134,9 @@ func (s *Server) String() string {
 	return s.kind.name + "@" + s.Addr()
 }
 
-// Stop stops the server gracefully (SIGTERM, SIGKILL after 10s). The
-// container is kept so that Start can bring the server back.
+// Stop stops the server gracefully (SIGTERM, or SIGINT for PostgreSQL, its
+// fast shutdown; SIGKILL after 10s). The container is kept so that Start can
+// bring the server back.
 func (s *Server) Stop(ctx context.Context) error {
 	timeout := stopTimeout
 	if err := s.c.Stop(ctx, &timeout); err != nil {
@@ -98,14 +149,24 @@ func (s *Server) Stop(ctx context.Context) error {
 // ready. In host mode it listens on the same port as before; in bridge mode
 // the published port may change and Addr reports the new one.
 func (s *Server) Start(ctx context.Context) error {
+	// The container's log keeps the lines of earlier starts, and a server
+	// may have printed its ready line more than once in one start: count
+	// them while the server is down, and wait for one more.
+	seen, err := s.readyLines(ctx)
+	if err != nil {
+		return err
+	}
 	if err := s.c.Start(ctx); err != nil {
 		return fmt.Errorf("servers: start %s: %w", s.kind.name, err)
 	}
-	return s.awaitReady(ctx)
+	return s.awaitReady(ctx, seen+1)
 }
 
 // Kill kills the server with SIGKILL, as a crash would, and waits until its
-// container has stopped. Start brings it back (without any data).
+// container has stopped. Start brings it back; whether its data survives
+// depends on the kind: Redis servers run without persistence and come back
+// empty, etcd members, ZooKeeper servers and PostgreSQL servers keep their
+// data directory.
 func (s *Server) Kill(ctx context.Context) error {
 	cli, err := dockerClient(ctx)
 	if err != nil {
@@ -150,27 +211,37 @@ func (s *Server) Unpause(ctx context.Context) error {
 	return nil
 }
 
-// Terminate stops the server and removes its container. Terminating twice is
-// harmless.
+// Terminate kills the server (no graceful shutdown: nothing of it is kept)
+// and removes its container. Terminating twice is harmless.
 func (s *Server) Terminate(ctx context.Context) error {
-	forget(s)
-	if err := s.c.Terminate(ctx); err != nil {
+	if !forget(s) {
+		return nil // terminated before
+	}
+	if err := s.c.Terminate(ctx, testcontainers.StopTimeout(0)); err != nil {
+		remember(s) // for Main to try again
 		return fmt.Errorf("servers: terminate %s: %w", s.kind.name, err)
 	}
 	return nil
 }
 
-// awaitReady waits for the server's ready line of the current start and
-// records the address to dial.
-func (s *Server) awaitReady(ctx context.Context) error {
-	s.mu.Lock()
-	s.starts++
-	n := s.starts
-	s.mu.Unlock()
+// readyLines counts the ready lines in the container's log.
+func (s *Server) readyLines(ctx context.Context) (int, error) {
+	rc, err := s.c.Logs(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("servers: %s: read the log: %w", s.kind.name, err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		return 0, fmt.Errorf("servers: %s: read the log: %w", s.kind.name, err)
+	}
+	return len(s.ready.FindAllIndex(b, -1)), nil
+}
 
-	// The container's log keeps the lines of earlier starts: wait for the
-	// n-th ready line.
-	ready := wait.ForLog(s.kind.readyLog).WithOccurrence(n).WithStartupTimeout(startupTimeout)
+// awaitReady waits until the container's log holds n ready lines and
+// records the address to dial.
+func (s *Server) awaitReady(ctx context.Context, n int) error {
+	ready := wait.ForLog(s.ready.String()).AsRegexp().WithOccurrence(n).WithStartupTimeout(startupTimeout)
 	if err := ready.WaitUntilReady(ctx, s.c); err != nil {
 		return fmt.Errorf("servers: %s did not become ready: %w%s", s.kind.name, err, s.logTail(ctx))
 	}
@@ -180,7 +251,7 @@ func (s *Server) awaitReady(ctx context.Context) error {
 		addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.hostPort))
 	} else {
 		// Re-read: a restarted container may be published on another port.
-		p, err := s.c.MappedPort(ctx, strconv.Itoa(s.kind.port)+"/tcp")
+		p, err := s.c.MappedPort(ctx, strconv.Itoa(s.kind.ports[0])+"/tcp")
 		if err != nil {
 			return fmt.Errorf("servers: %s: published port: %w", s.kind.name, err)
 		}
@@ -199,28 +270,14 @@ func (s *Server) logTail(ctx context.Context) string {
 		return ""
 	}
 	defer rc.Close()
-	buf := make([]byte, 64<<10)
-	n, _ := readFull(rc, buf)
-	b := buf[:n]
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
+	b, _ := io.ReadAll(rc)
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
 	}
 	if len(b) == 0 {
 		return ""
 	}
 	return "\ncontainer log (end):\n" + string(b)
-}
-
-func readFull(r interface{ Read([]byte) (int, error) }, buf []byte) (int, error) {
-	n := 0
-	for n < len(buf) {
-		m, err := r.Read(buf[n:])
-		n += m
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
 }
 
 // networkMode returns the configured network mode.
@@ -235,51 +292,103 @@ func networkMode() (string, error) {
 	}
 }
 
-// start starts n servers of kind k, in parallel. On error, servers already
-// started are terminated.
+// prepare checks what starting servers of kind k needs and returns the
+// network mode.
+func prepare(ctx context.Context, k *kind) (string, error) {
+	mode, err := networkMode()
+	if err != nil {
+		return "", err
+	}
+	if _, err := dockerClient(ctx); err != nil {
+		return "", err
+	}
+	if err := checkImage(ctx, k.image()); err != nil {
+		return "", err
+	}
+	return mode, nil
+}
+
+// start starts n independent servers of kind k (groups of one), in
+// parallel. On error, servers already started are terminated.
 func start(ctx context.Context, k *kind, n int) ([]*Server, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("servers: start %d %s servers: negative count", n, k.name)
 	}
-	mode, err := networkMode()
+	mode, err := prepare(ctx, k)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := dockerClient(ctx); err != nil {
-		return nil, err
-	}
-	if err := checkImage(ctx, k.image()); err != nil {
-		return nil, err
-	}
-	out := make([]*Server, n)
+	gs := make([]*group, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() { out[i], errs[i] = startOne(ctx, k, mode) })
+		wg.Go(func() { gs[i], errs[i] = startGroup(ctx, k, mode, 1) })
 	}
 	wg.Wait()
 	if err := joinDistinct(errs); err != nil {
-		for _, s := range out {
-			if s != nil {
-				_ = s.Terminate(context.WithoutCancel(ctx))
+		for _, g := range gs {
+			if g != nil {
+				_ = g.terminate(context.WithoutCancel(ctx))
 			}
 		}
 		return nil, err
 	}
+	out := make([]*Server, n)
+	for i, g := range gs {
+		out[i] = g.servers[0]
+	}
 	return out, nil
 }
 
-// startOne is the one way every test server is started.
-func startOne(ctx context.Context, k *kind, mode string) (*Server, error) {
+// startCluster starts one cluster of n members of the cluster kind k.
+func startCluster(ctx context.Context, k *kind, n int) (*group, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("servers: start a %d-member %s cluster: need at least one member", n, k.name)
+	}
+	mode, err := prepare(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	return startGroup(ctx, k, mode, n)
+}
+
+// group is a set of servers started together: one independent server, or
+// the members of one cluster.
+type group struct {
+	servers []*Server
+	network *testcontainers.DockerNetwork // bridge mode, cluster kinds: the group's own network
+}
+
+// terminate terminates the group's servers, in parallel, and then removes
+// its network. Servers that are nil (never started) are skipped.
+func (g *group) terminate(ctx context.Context) error {
+	errs := make([]error, len(g.servers)+1)
+	var wg sync.WaitGroup
+	for i, s := range g.servers {
+		if s != nil {
+			wg.Go(func() { errs[i] = s.Terminate(ctx) })
+		}
+	}
+	wg.Wait()
+	errs[len(g.servers)] = removeNetwork(ctx, g.network)
+	return errors.Join(errs...)
+}
+
+// startGroup is the one way every test server is started: it starts a group
+// of n servers of kind k together (n is 1 unless k is a cluster kind). In
+// host mode a chosen port can be taken by someone else before the server
+// binds it; the whole group is then started again on new ports, since
+// cluster members name each other's ports.
+func startGroup(ctx context.Context, k *kind, mode string, n int) (*group, error) {
 	var lastErr error
 	attempts := 1
 	if mode == networkHost {
 		attempts = hostPortAttempts
 	}
 	for range attempts {
-		s, err := tryStart(ctx, k, mode)
+		g, err := tryGroup(ctx, k, mode, n)
 		if err == nil {
-			return s, nil
+			return g, nil
 		}
 		lastErr = err
 		if ctx.Err() != nil {
@@ -289,30 +398,119 @@ func startOne(ctx context.Context, k *kind, mode string) (*Server, error) {
 	return nil, lastErr
 }
 
-func tryStart(ctx context.Context, k *kind, mode string) (*Server, error) {
+// newPlan lays out a group of n servers of kind k.
+func newPlan(k *kind, mode string, n int) (*plan, error) {
+	var id [8]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return nil, fmt.Errorf("servers: %w", err)
+	}
+	p := &plan{id: hex.EncodeToString(id[:]), members: make([]member, n)}
+	for i := range p.members {
+		m := member{name: k.name + strconv.Itoa(i)}
+		if mode == networkHost {
+			m.bind, m.host = "127.0.0.1", "127.0.0.1"
+			for range k.ports {
+				port, err := freePort()
+				if err != nil {
+					return nil, err
+				}
+				m.ports = append(m.ports, port)
+			}
+		} else {
+			m.bind, m.host = "0.0.0.0", m.name
+			m.ports = k.ports
+		}
+		p.members[i] = m
+	}
+	return p, nil
+}
+
+// tryGroup makes one attempt at starting a group. The members start in
+// parallel: a cluster member is typically ready only once a quorum of its
+// peers runs. The first failure cancels the others' start; on failure every
+// member started is terminated.
+func tryGroup(ctx context.Context, k *kind, mode string, n int) (*group, error) {
+	p, err := newPlan(k, mode, n)
+	if err != nil {
+		return nil, err
+	}
+	g := &group{servers: make([]*Server, n)}
+	if mode == networkBridge && k.cluster {
+		// A network of the group's own, on which each member's name is its
+		// alias (Docker's default bridge network has no aliases).
+		nw, err := network.New(ctx, network.WithLabels(containerLabels(k)))
+		if err != nil {
+			if err := reaperMissing(err); err != nil {
+				return nil, err
+			}
+			return nil, fmt.Errorf("servers: create a network for a %s cluster: %w", k.name, err)
+		}
+		g.network = nw
+		rememberNetwork(nw)
+	}
+	gctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	failed := false
+	var failMu sync.Mutex
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			s, err := tryStart(gctx, k, mode, p, i, g.network)
+			if err != nil {
+				failMu.Lock()
+				failed = true
+				failMu.Unlock()
+				cancel(err)
+				return
+			}
+			g.servers[i] = s
+		})
+	}
+	wg.Wait()
+	if failed {
+		// The first failure, not the cancellations it caused.
+		err := context.Cause(gctx)
+		_ = g.terminate(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return g, nil
+}
+
+// containerLabels returns the labels put on every container (and network)
+// of kind k, by which leftovers are found.
+func containerLabels(k *kind) map[string]string {
 	labels := map[string]string{"dlock.test": "1", "dlock.test.kind": k.name}
 	if run := os.Getenv(envRun); run != "" {
 		labels["dlock.test.run"] = run
 	}
-	s := &Server{kind: k, host: mode == networkHost}
-	opts := []testcontainers.ContainerCustomizer{testcontainers.WithLabels(labels)}
+	return labels
+}
+
+// tryStart starts member i of plan p in a container and waits until it is
+// ready. nw is the group's network (bridge mode, cluster kinds), else nil.
+// On failure the container is terminated.
+func tryStart(ctx context.Context, k *kind, mode string, p *plan, i int, nw *testcontainers.DockerNetwork) (*Server, error) {
+	m := p.members[i]
+	s := &Server{kind: k, host: mode == networkHost, ready: regexp.MustCompile(k.readyLog(p, i))}
+	opts := []testcontainers.ContainerCustomizer{
+		testcontainers.WithLabels(containerLabels(k)),
+		testcontainers.WithCmd(k.cmd(p, i)...),
+	}
+	if k.stopSignal != "" {
+		opts = append(opts, testcontainers.WithConfigModifier(func(cfg *container.Config) {
+			cfg.StopSignal = k.stopSignal
+		}))
+	}
 	if s.host {
-		port, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		s.hostPort = port
-		opts = append(opts,
-			testcontainers.WithCmd(k.cmd("127.0.0.1", port)...),
-			testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
-				hc.NetworkMode = networkHost
-			}),
-		)
+		s.hostPort = m.ports[0]
+		opts = append(opts, testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
+			hc.NetworkMode = networkHost
+		}))
 	} else {
-		opts = append(opts,
-			testcontainers.WithCmd(k.cmd("0.0.0.0", k.port)...),
-			testcontainers.WithExposedPorts(strconv.Itoa(k.port)+"/tcp"),
-		)
+		opts = append(opts, testcontainers.WithExposedPorts(strconv.Itoa(k.ports[0])+"/tcp"))
+		if nw != nil {
+			opts = append(opts, network.WithNetwork([]string{m.name}, nw))
+		}
 	}
 	c, err := testcontainers.Run(ctx, k.image(), opts...)
 	if c != nil {
@@ -323,15 +521,12 @@ func tryStart(ctx context.Context, k *kind, mode string) (*Server, error) {
 		if c != nil {
 			_ = s.Terminate(context.WithoutCancel(ctx))
 		}
-		if strings.Contains(err.Error(), "reaper") {
-			return nil, &missingError{
-				what: "the testcontainers Ryuk reaper cannot run (set TESTCONTAINERS_RYUK_DISABLED=true)",
-				err:  err,
-			}
+		if err := reaperMissing(err); err != nil {
+			return nil, err
 		}
 		return nil, fmt.Errorf("servers: start %s container (image %s): %w", k.name, k.image(), err)
 	}
-	if err := s.awaitReady(ctx); err != nil {
+	if err := s.awaitReady(ctx, 1); err != nil {
 		_ = s.Terminate(context.WithoutCancel(ctx))
 		return nil, err
 	}
@@ -437,6 +632,19 @@ type missingError struct {
 
 func (e *missingError) Error() string { return "servers: " + e.what + ": " + e.err.Error() }
 func (e *missingError) Unwrap() error { return e.err }
+
+// reaperMissing returns a missingError if err (from starting a container or
+// creating a network) says that the Ryuk reaper could not be started, else
+// nil.
+func reaperMissing(err error) error {
+	if !strings.Contains(err.Error(), "reaper") {
+		return nil
+	}
+	return &missingError{
+		what: "the testcontainers Ryuk reaper cannot run (set TESTCONTAINERS_RYUK_DISABLED=true)",
+		err:  err,
+	}
+}
 
 // joinDistinct joins errs, leaving out nils and repeated messages (parallel
 // starts tend to fail the same way).

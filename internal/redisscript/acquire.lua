@@ -6,7 +6,7 @@
 -- ARGV[2]: the TTL in whole milliseconds
 --
 -- Returns the token (> 0) when the lock is ours; when it is held by someone
--- else, -2 - PTTL, i.e. -1 for a key without expiry (PTTL -1) and -2 - ms
+-- else, it marks the lock as waited for (see below) and returns -2 - PTTL, i.e. -1 for a key without expiry (PTTL -1) and -2 - ms
 -- otherwise (so 0 is never returned).
 --
 -- The token is the counter after INCR. The counter is clock-based: when it
@@ -29,7 +29,8 @@ if not old then
 	redis.call('SET', KEYS[2], now)
 	return tonumber(now)
 end
-if old == ARGV[1] then
+local last = string.byte(old, -1)
+if old == ARGV[1] or (last == 43 and old == ARGV[1] .. '+') then
 	-- A retry of this very acquire whose first reply was lost (go-redis
 	-- resends on network errors): the lock is ours, and the counter still
 	-- holds the token the first run issued.
@@ -38,5 +39,11 @@ if old == ARGV[1] then
 		return redis.error_reply('dlock: the fencing counter vanished while the lock was held')
 	end
 	return tonumber(token)
+end
+-- Held by someone else: mark the lock as waited for (append '+' to the
+-- holder's value, once), so that its release is published (release.lua).
+-- APPEND keeps the key's TTL.
+if last ~= 43 then
+	redis.call('APPEND', KEYS[1], '+')
 end
 return -2 - redis.call('PTTL', KEYS[1])

@@ -1,0 +1,133 @@
+package servers
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// etcdKind: an etcd cluster member. Its data directory is inside the
+// container, so it survives Stop and Kill (the container keeps its
+// filesystem) and a restarted member rejoins with its data; etcd ignores the
+// --initial-cluster flags once the data directory exists.
+//
+// Timing is etcd's default (100ms heartbeat, 1s election timeout): elections
+// after a leader dies take about a second, and the server's minimum lease TTL
+// is 2s (shorter TTLs are raised to it).
+//
+// In host mode every member listens on 127.0.0.1 with client and peer ports
+// chosen up front. In bridge mode the members share a network of their own
+// and reach each other as http://<name>:2380 (their network aliases); only
+// the client port 2379 is published. CI machines that need stand-in images
+// run host mode; bridge mode differs only in those addresses and is built to
+// be correct from Docker's documented aliases and port publishing (it also
+// passes this package's tests with the stand-in image on an engine whose
+// port publishing works).
+var etcdKind = &kind{
+	name:         "etcd",
+	imageEnv:     "DLOCK_ETCD_IMAGE",
+	defaultImage: "quay.io/coreos/etcd:v3.7.3",
+	ports:        []int{2379, 2380}, // client, peer
+	cluster:      true,
+	cmd: func(p *plan, i int) []string {
+		url := func(host string, port int) string {
+			return "http://" + host + ":" + strconv.Itoa(port)
+		}
+		initial := make([]string, len(p.members))
+		for j, m := range p.members {
+			initial[j] = m.name + "=" + url(m.host, m.ports[1])
+		}
+		m := p.members[i]
+		return []string{
+			// The official image's path; stand-ins put it there too.
+			"/usr/local/bin/etcd",
+			"--name=" + m.name,
+			"--data-dir=/var/lib/etcd/" + m.name,
+			"--listen-client-urls=" + url(m.bind, m.ports[0]),
+			"--advertise-client-urls=" + url(m.host, m.ports[0]),
+			"--listen-peer-urls=" + url(m.bind, m.ports[1]),
+			"--initial-advertise-peer-urls=" + url(m.host, m.ports[1]),
+			"--initial-cluster=" + strings.Join(initial, ","),
+			"--initial-cluster-token=dlock-" + p.id,
+			"--initial-cluster-state=new",
+			"--heartbeat-interval=100",
+			"--election-timeout=1000",
+			"--logger=zap",
+			"--log-outputs=stderr",
+		}
+	},
+	// Printed (as a JSON log record) once per client listener when the
+	// member has joined the cluster and serves clients; with one client URL,
+	// once per start. A member of a multi-member cluster prints it only once
+	// a quorum of members runs.
+	readyLog: literal(`"msg":"ready to serve client requests"`),
+}
+
+// EtcdCluster is an etcd cluster (version 3.7 by default) whose members run
+// in containers of their own, without TLS or authentication.
+//
+// Each member is a [Server], so the fault controls work on members; a member
+// brought back by [Server.Start] after Stop or Kill rejoins with its data.
+// Start waits until the member serves clients, which needs a quorum of
+// members running: to bring back a majority that was stopped, start the
+// members concurrently.
+type EtcdCluster struct {
+	// Members are the cluster's members (named etcd0, etcd1, ... in etcd).
+	// Server.Addr of a member is its client endpoint.
+	Members []*Server
+
+	g *group
+}
+
+// Endpoints returns the members' client endpoints (127.0.0.1:port, in the
+// order of Members), for go.etcd.io/etcd/client/v3's Config.Endpoints. In
+// bridge mode a restarted member may be published on another port; call
+// Endpoints again after Start.
+func (c *EtcdCluster) Endpoints() []string {
+	eps := make([]string, len(c.Members))
+	for i, s := range c.Members {
+		eps[i] = s.Addr()
+	}
+	return eps
+}
+
+// String returns a short description for test logs.
+func (c *EtcdCluster) String() string {
+	return fmt.Sprintf("etcd%v", c.Endpoints())
+}
+
+// Terminate stops every member, removes their containers, and removes the
+// cluster's network if it has one. Terminating twice is harmless.
+func (c *EtcdCluster) Terminate(ctx context.Context) error {
+	return c.g.terminate(ctx)
+}
+
+func newEtcdCluster(g *group) *EtcdCluster {
+	return &EtcdCluster{Members: g.servers, g: g}
+}
+
+// StartEtcd starts an etcd cluster of n members (n = 1: a single node) and
+// waits until every member serves clients. The caller owns the cluster and
+// should Terminate it; [Main] removes any left over.
+func StartEtcd(ctx context.Context, n int) (*EtcdCluster, error) {
+	g, err := startCluster(ctx, etcdKind, n)
+	if err != nil {
+		return nil, err
+	}
+	return newEtcdCluster(g), nil
+}
+
+// Etcd returns the test package's shared etcd cluster of exactly n members.
+// It is started on first use and reused by every later call with the same n;
+// clusters of different sizes are separate (Etcd(tb, 1) and Etcd(tb, 3) are
+// two clusters). Tests must not stop, kill or pause members of a shared
+// cluster; use [StartEtcd] for that.
+//
+// If the cluster cannot be started, Etcd skips the test with the reason, or
+// fails it when DLOCK_REQUIRE_SERVERS=1.
+func Etcd(tb testing.TB, n int) *EtcdCluster {
+	tb.Helper()
+	return sharedCluster(tb, etcdKind, n, newEtcdCluster)
+}

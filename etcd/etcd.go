@@ -1,0 +1,390 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/bg"
+)
+
+// DefaultPrefix is the key prefix used when [Options].Prefix is empty.
+const DefaultPrefix = "dlock/"
+
+// cleanupTimeout bounds the best-effort revoke that undoes an acquire that
+// failed, was cancelled, or found the key held.
+const cleanupTimeout = 2 * time.Second
+
+// maxTTL is etcd's longest lease (its MaxLeaseTTL, 9e9 seconds).
+const maxTTL = 9_000_000_000 * time.Second
+
+// Options configure the etcd backend. The zero value (or nil) is valid.
+type Options struct {
+	// Prefix is put before every etcd key the backend uses. Default
+	// DefaultPrefix ("dlock/"). Lockers that are to exclude each other
+	// must use the same prefix.
+	Prefix string
+	// Locker configures the Locker that [New] returns (TTL, retries,
+	// drift factor, logger). Nil means defaults.
+	Locker *dlock.Options
+}
+
+// Driver is the etcd implementation of backend.Driver, backend.Queuer and
+// the As escape hatch. Use [New] unless you wrap drivers yourself.
+type Driver struct {
+	client     *clientv3.Client
+	prefix     string
+	members    int
+	ownsClient bool
+
+	ctx    context.Context // cancelled by Close: ends the leases' loss watchers
+	cancel context.CancelFunc
+	once   sync.Once
+	bg     bg.Group // loss watchers and revoke retries; Close waits for them
+}
+
+// New checks opts, asks the cluster for its member list (to report how
+// many failures it tolerates), and returns a Locker over client configured
+// by opts.Locker. It does not take ownership of client: closing the Locker
+// leaves the client open. Errors wrap [backend.ErrInvalidConfig] or
+// [backend.ErrUnavailable].
+func New(ctx context.Context, client *clientv3.Client, opts *Options) (*dlock.Locker, error) {
+	d, err := NewDriver(ctx, client, opts)
+	if err != nil {
+		return nil, err
+	}
+	var lo *dlock.Options
+	if opts != nil {
+		lo = opts.Locker
+	}
+	return dlock.New(d, lo), nil
+}
+
+// NewDriver is [New] without the Locker: it returns the backend driver, for
+// callers that wrap it (dlock.New(d, opts) makes the Locker).
+func NewDriver(ctx context.Context, client *clientv3.Client, opts *Options) (*Driver, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: etcd: nil client", backend.ErrInvalidConfig)
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	d := &Driver{client: client, prefix: o.Prefix}
+	resp, err := client.MemberList(ctx)
+	if err != nil {
+		return nil, unavailable("listing the cluster members", err)
+	}
+	d.members = len(resp.Members)
+	d.ctx, d.cancel = context.WithCancel(context.Background())
+	return d, nil
+}
+
+// escapeKey makes a lock name usable as one etcd key segment: "%" and "/"
+// are percent-encoded, so that no lock's directory is a prefix of another's
+// ("a" and "a/b" become "a/" and "a%2Fb/").
+func escapeKey(key string) string {
+	if !strings.ContainsAny(key, "%/") {
+		return key
+	}
+	return strings.NewReplacer("%", "%25", "/", "%2F").Replace(key)
+}
+
+// dir returns the etcd key prefix under which key's holder and waiters
+// queue.
+func (d *Driver) dir(key string) string { return d.prefix + escapeKey(key) + "/" }
+
+// ValidateKey accepts every key the dlock layer accepts: keys are escaped.
+func (d *Driver) ValidateKey(string) error { return nil }
+
+// Limits: etcd leases are whole seconds, at least 1s. The server raises a
+// TTL below its own floor (about 1.5 × its election timeout, 2s with the
+// default settings); Lease.TTL reports what it granted.
+func (d *Driver) Limits() backend.Limits {
+	return backend.Limits{MinTTL: time.Second, MaxTTL: maxTTL}
+}
+
+// Guarantees: consensus-grade fencing (create revisions), FIFO, and a
+// majority of the members must be up.
+func (d *Driver) Guarantees() backend.Guarantees {
+	return backend.Guarantees{
+		Fencing:           backend.FencingConsensus,
+		ToleratedFailures: max(d.members-1, 0) / 2,
+		FIFO:              true,
+		ClockDependent:    false,
+		Notes: "Exclusion and tokens come from the Raft log: a later holder always has a larger token, " +
+			"across leader changes. A holder paused past its lease may still believe it holds the lock " +
+			"until Done fires; the protected resource must check tokens.",
+	}
+}
+
+// As supports *(*clientv3.Client).
+func (d *Driver) As(target any) bool {
+	if p, ok := target.(**clientv3.Client); ok {
+		*p = d.client
+		return true
+	}
+	return false
+}
+
+// Close stops the leases' loss watchers and, if the driver built the client
+// itself from a URL, closes the client. A client passed to [New] stays open.
+func (d *Driver) Close() error {
+	var err error
+	d.once.Do(func() {
+		d.bg.Close()
+		d.cancel()
+		d.bg.Wait()
+		if d.ownsClient {
+			if cerr := d.client.Close(); cerr != nil {
+				err = fmt.Errorf("%w: etcd: closing the client: %w", backend.ErrUnavailable, cerr)
+			}
+		}
+	})
+	return err
+}
+
+// ttlSeconds rounds ttl up to whole seconds, as etcd leases count.
+func ttlSeconds(ttl time.Duration) int64 {
+	return int64((ttl + time.Second - 1) / time.Second)
+}
+
+// waiter is one entry in a key's queue: our key under the key's directory,
+// attached to a lease of our own.
+type waiter struct {
+	d      *Driver
+	key    string // the lock name
+	myKey  string // dir + lease ID in hex
+	id     clientv3.LeaseID
+	ttl    time.Duration // granted
+	secs   int64         // asked, in seconds
+	rev    int64         // create revision of myKey
+	anchor time.Time     // when the request behind the lease's expiry was sent
+}
+
+// enqueue grants a lease and puts our key in key's queue. It reports
+// whether we are first in the queue (the holder).
+func (d *Driver) enqueue(ctx context.Context, key string, ttl time.Duration) (*waiter, bool, error) {
+	w := &waiter{d: d, key: key, secs: ttlSeconds(ttl)}
+	w.anchor = time.Now()
+	g, err := d.client.Grant(ctx, w.secs)
+	if err != nil {
+		return nil, false, unavailable("granting a lease", err)
+	}
+	w.id, w.ttl = g.ID, time.Duration(g.TTL)*time.Second
+	dir := d.dir(key)
+	w.myKey = fmt.Sprintf("%s%016x", dir, int64(w.id))
+	resp, err := d.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(w.myKey), "=", 0)).
+		Then(
+			clientv3.OpPut(w.myKey, "", clientv3.WithLease(w.id)),
+			clientv3.OpGet(dir, clientv3.WithFirstCreate()...),
+		).Commit()
+	if err != nil {
+		w.revoke(ctx)
+		return nil, false, unavailable("joining the queue", err)
+	}
+	if !resp.Succeeded {
+		// A fresh lease's key cannot exist: someone else writes under
+		// our prefix.
+		w.revoke(ctx)
+		return nil, false, fmt.Errorf("%w: etcd: key %q already exists; is another program writing under prefix %q?",
+			backend.ErrUnavailable, w.myKey, d.prefix)
+	}
+	w.rev = resp.Header.Revision
+	owner := resp.Responses[1].GetResponseRange().Kvs
+	return w, len(owner) > 0 && owner[0].CreateRevision == w.rev, nil
+}
+
+// acquireErr is the error of an acquire that failed with err. When ctx
+// ended it matches ErrNotAcquired and ctx.Err(); it also matches
+// ErrUnavailable when the deadline passed while a request went unanswered
+// (the cluster did not answer in time: no quorum, say), but not for a plain
+// cancellation or a deadline reached while queued.
+func acquireErr(ctx context.Context, err error) error {
+	cerr := ctx.Err()
+	switch {
+	case cerr == nil || !errors.Is(err, cerr):
+		return err
+	case cerr == context.DeadlineExceeded && errors.Is(err, backend.ErrUnavailable):
+		return fmt.Errorf("%w: %w", backend.ErrNotAcquired, err)
+	}
+	return fmt.Errorf("%w: %w", backend.ErrNotAcquired, cerr)
+}
+
+// TryAcquire makes one attempt: it joins the queue and, unless first,
+// leaves it at once (revoking its lease) and reports the key as held.
+func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+	w, first, err := d.enqueue(ctx, key, ttl)
+	if err != nil {
+		return nil, acquireErr(ctx, err)
+	}
+	if !first {
+		w.revoke(ctx)
+		return nil, &backend.HeldError{}
+	}
+	return d.newLease(w), nil
+}
+
+// Acquire joins key's queue and waits for every waiter ahead of it to go,
+// watching only its immediate predecessor (no herd effect). The watch starts
+// at the revision after the read that found the predecessor, so the
+// watcher is served from etcd's synced group and wakes within a round trip
+// of the delete. While queued, the waiter's lease is kept alive; if it is
+// lost anyway (a long partition), Acquire fails with ErrUnavailable. On any
+// error or cancellation the lease is revoked, which removes the waiter key.
+func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+	w, first, err := d.enqueue(ctx, key, ttl)
+	if err != nil {
+		return nil, acquireErr(ctx, err)
+	}
+	if first {
+		return d.newLease(w), nil
+	}
+	if err := w.wait(ctx); err != nil {
+		w.revoke(ctx)
+		return nil, acquireErr(ctx, err)
+	}
+	return d.newLease(w), nil
+}
+
+// wait returns once no key older than ours is left in the queue and ours is
+// still there.
+func (w *waiter) wait(ctx context.Context) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var kaDone sync.WaitGroup
+	kaDone.Go(func() { w.keepAlive(ctx, cancel) })
+	defer kaDone.Wait() // after cancel (deferred later, run earlier)
+	defer cancel(nil)
+
+	dir := w.d.dir(w.key)
+	for {
+		opts := append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(w.rev-1))
+		resp, err := w.d.client.Get(ctx, dir, opts...)
+		if err != nil {
+			return waitErr(ctx, unavailable("reading the queue", err))
+		}
+		if len(resp.Kvs) == 0 {
+			break
+		}
+		if err := w.waitDelete(ctx, string(resp.Kvs[0].Key), resp.Header.Revision+1); err != nil {
+			return waitErr(ctx, err)
+		}
+	}
+	// Our turn: check that our key (and so our lease) is still there.
+	resp, err := w.d.client.Get(ctx, w.myKey)
+	if err != nil {
+		return waitErr(ctx, unavailable("checking the waiter's key", err))
+	}
+	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != w.rev {
+		return fmt.Errorf("%w: etcd: the waiter's lease expired while it was queued", backend.ErrUnavailable)
+	}
+	return nil
+}
+
+// waitErr prefers the reason the wait's context was cancelled (the lease
+// was lost) over the error it caused.
+func waitErr(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); cause != nil && cause != ctx.Err() {
+		return cause
+	}
+	return err
+}
+
+// waitDelete waits for the deletion of key, watching from rev.
+func (w *waiter) waitDelete(ctx context.Context, key string, rev int64) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for wr := range w.d.client.Watch(wctx, key, clientv3.WithRev(rev), clientv3.WithFilterPut()) {
+		if err := wr.Err(); err != nil {
+			// Compacted, or cancelled by the server: read the queue
+			// again.
+			return nil
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == clientv3.EventTypeDelete {
+				return nil
+			}
+		}
+	}
+	// The channel closed: ctx ended, or the client was closed.
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: etcd: watch of %q ended", backend.ErrUnavailable, key)
+}
+
+// keepAlive renews the waiter's lease every third of its TTL until ctx
+// ends, recording when each successful renewal was sent. If the server
+// says the lease is gone, it cancels the wait with that as the cause.
+func (w *waiter) keepAlive(ctx context.Context, cancel context.CancelCauseFunc) {
+	interval := w.ttl / 3
+	t := time.NewTimer(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		sent := time.Now()
+		resp, err := w.d.client.KeepAliveOnce(ctx, w.id)
+		switch {
+		case err == nil && resp.TTL > 0:
+			w.anchor = sent // read by wait's caller only after this goroutine ended
+			t.Reset(interval)
+		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
+			cancel(fmt.Errorf("%w: etcd: the waiter's lease expired while it was queued", backend.ErrUnavailable))
+			return
+		default:
+			// A transient failure: try again soon.
+			t.Reset(interval / 4)
+		}
+	}
+}
+
+// revoke gives the lease up, which deletes our key: at once if the cluster
+// answers within cleanupTimeout (even when ctx has ended), else in the
+// background, until it is done or the lease has run out by itself (a dead
+// waiter key would hold up the queue behind it until then).
+func (w *waiter) revoke(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	_, err := w.d.client.Revoke(rctx, w.id)
+	cancel()
+	if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return
+	}
+	until := time.Now().Add(max(w.ttl, time.Second))
+	w.d.bg.Go(func() {
+		for time.Now().Before(until) {
+			select {
+			case <-w.d.ctx.Done():
+				return
+			case <-time.After(cleanupTimeout / 4):
+			}
+			rctx, cancel := context.WithTimeout(w.d.ctx, cleanupTimeout)
+			_, err := w.d.client.Revoke(rctx, w.id)
+			cancel()
+			if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				return
+			}
+		}
+	})
+}
+
+// unavailable wraps an etcd client error.
+func unavailable(doing string, err error) error {
+	return fmt.Errorf("%w: etcd: %s: %w", backend.ErrUnavailable, doing, err)
+}

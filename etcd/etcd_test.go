@@ -1,0 +1,221 @@
+package etcd_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/etcd"
+)
+
+func TestParseURL(t *testing.T) {
+	for _, tc := range []struct {
+		url       string
+		endpoints []string
+		prefix    string
+		user      string
+	}{
+		{"etcd://h1:2379,h2:2380/locks?dial_timeout=2s", []string{"http://h1:2379", "http://h2:2380"}, "locks/", ""},
+		{"etcd://u:p@h1", []string{"http://h1:2379"}, "", "u"},
+		{"etcds://h1:2379/a/b/", []string{"https://h1:2379"}, "a/b/", ""},
+	} {
+		u, _ := url.Parse(tc.url)
+		cfg, o, err := etcd.ParseURL(u)
+		if err != nil {
+			t.Errorf("%s: %v", tc.url, err)
+			continue
+		}
+		if len(cfg.Endpoints) != len(tc.endpoints) || cfg.Endpoints[0] != tc.endpoints[0] || cfg.Endpoints[len(cfg.Endpoints)-1] != tc.endpoints[len(tc.endpoints)-1] {
+			t.Errorf("%s: endpoints %v, want %v", tc.url, cfg.Endpoints, tc.endpoints)
+		}
+		if o.Prefix != tc.prefix || cfg.Username != tc.user {
+			t.Errorf("%s: prefix %q user %q, want %q %q", tc.url, o.Prefix, cfg.Username, tc.prefix, tc.user)
+		}
+	}
+	for _, bad := range []string{
+		"etcd:///locks",                     // no endpoints
+		"etcd://h1,,h2",                     // empty host
+		"etcd://h1?foo=1",                   // unknown parameter
+		"etcd://h1?dial_timeout=soon",       // bad duration
+		"etcd://h1?ca=/x.pem",               // TLS parameter without TLS
+		"etcds://h1?cert=/c.pem",            // cert without key
+		"etcds://h1?ca=/does/not/exist.pem", // unreadable CA
+		"etcd://h1?dial_timeout=1s&dial_timeout=2s",
+	} {
+		u, err := url.Parse(bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := etcd.ParseURL(u); !errors.Is(err, dlock.ErrInvalidConfig) {
+			t.Errorf("%s: %v, want ErrInvalidConfig", bad, err)
+		}
+	}
+}
+
+func TestOpen(t *testing.T) {
+	eps := servers.Etcd(t, 1).Endpoints()
+	l, err := dlock.Open(t.Context(), "etcd://"+eps[0]+"/opened?ttl=3s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	key := uniqueKey(t)
+	le, err := l.Acquire(t.Context(), key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if le.TTL() != 3*time.Second {
+		t.Errorf("TTL() = %v, want the URL's 3s", le.TTL())
+	}
+	own, ok := etcd.OwnerOf(le)
+	if !ok || own.Key[:len("opened/")] != "opened/" {
+		t.Errorf("OwnerOf = %+v, %v; want a key under the URL's prefix", own, ok)
+	}
+	if err := le.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPrefixKeysIndependent: lock names that are prefixes of each other, and
+// names with the escape character, do not block each other.
+func TestPrefixKeysIndependent(t *testing.T) {
+	t.Parallel()
+	eps := servers.Etcd(t, 1).Endpoints()
+	l := newLocker(t, eps, nil)
+	base := uniqueKey(t)
+	var leases []*dlock.Lease
+	for _, k := range []string{base, base + "/b", base + "/b/c", base + "%2Fb", base + "%", base + "/"} {
+		le, err := l.TryAcquire(t.Context(), k, nil)
+		if err != nil {
+			t.Fatalf("TryAcquire(%q) with the other names held: %v", k, err)
+		}
+		leases = append(leases, le)
+	}
+	for _, le := range leases {
+		if err := le.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestTTLGranted: etcd raises a TTL below its floor; the lease reports what
+// the server granted. Refresh to another TTL moves the key to a new lease
+// and keeps the token.
+func TestTTLGranted(t *testing.T) {
+	t.Parallel()
+	eps := servers.Etcd(t, 1).Endpoints()
+	l := newLocker(t, eps, nil)
+	key := uniqueKey(t)
+	le, err := l.TryAcquire(t.Context(), key, &dlock.AcquireOptions{TTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if le.TTL() < time.Second {
+		t.Errorf("TTL() = %v, below the asked 1s", le.TTL())
+	}
+	t.Logf("asked 1s, granted %v", le.TTL())
+	before, _ := etcd.OwnerOf(le)
+	if err := le.Refresh(t.Context(), 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := etcd.OwnerOf(le)
+	if le.TTL() != 30*time.Second || after.Lease == before.Lease || after.CreateRevision != before.CreateRevision || uint64(after.CreateRevision) != uint64(le.Token()) {
+		t.Errorf("after Refresh(30s): TTL %v, ownership %+v (before %+v); want 30s, a new lease, the same create revision = token", le.TTL(), after, before)
+	}
+	// The old lease is revoked; the key lives on the new one.
+	admin := newClient(t, eps)
+	ttl, err := admin.TimeToLive(t.Context(), before.Lease)
+	if err != nil || ttl.TTL != -1 {
+		t.Errorf("old lease TimeToLive = %v (err %v), want -1 (revoked)", ttl.TTL, err)
+	}
+	if err := le.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if ttl, err := admin.TimeToLive(t.Context(), after.Lease); err != nil || ttl.TTL != -1 {
+		t.Errorf("lease after Release: TimeToLive = %v (err %v), want -1 (revoked)", ttl.TTL, err)
+	}
+}
+
+// TestOwnershipFencesEtcdWrites: Ownership.Cmp in a write's transaction
+// lets the write through while the lock is held and stops it once lost.
+func TestOwnershipFencesEtcdWrites(t *testing.T) {
+	t.Parallel()
+	eps := servers.Etcd(t, 1).Endpoints()
+	admin := newClient(t, eps)
+	l := newLocker(t, eps, nil)
+	key := uniqueKey(t)
+	le, err := l.Acquire(t.Context(), key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, ok := etcd.OwnerOf(le)
+	if !ok {
+		t.Fatal("OwnerOf = false")
+	}
+	data := "data/" + key
+	write := func(v string) bool {
+		t.Helper()
+		resp, err := admin.Txn(t.Context()).If(own.Cmp()).Then(clientv3.OpPut(data, v)).Commit()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Succeeded
+	}
+	if !write("by the holder") {
+		t.Fatal("fenced write while holding the lock did not succeed")
+	}
+	if _, err := admin.Revoke(t.Context(), own.Lease); err != nil {
+		t.Fatal(err)
+	}
+	if write("by a stale holder") {
+		t.Error("fenced write after the lease was revoked succeeded")
+	}
+	resp, err := admin.Get(t.Context(), data)
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "by the holder" {
+		t.Errorf("data = %v (err %v), want the holder's write only", resp.Kvs, err)
+	}
+}
+
+// TestOneLeasePerGrant: two leases on different keys in one Locker (one
+// client) never share an etcd lease.
+func TestOneLeasePerGrant(t *testing.T) {
+	t.Parallel()
+	eps := servers.Etcd(t, 1).Endpoints()
+	l := newLocker(t, eps, nil)
+	l1, err := l.TryAcquire(t.Context(), uniqueKey(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2, err := l.TryAcquire(t.Context(), uniqueKey(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o1, _ := etcd.OwnerOf(l1)
+	o2, _ := etcd.OwnerOf(l2)
+	if o1.Lease == o2.Lease {
+		t.Errorf("two grants share etcd lease %x", o1.Lease)
+	}
+	// Releasing one leaves the other held.
+	if err := l1.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := l2.Refresh(t.Context(), 0); err != nil {
+		t.Errorf("the other lease after a Release: %v", err)
+	}
+	_ = l2.Release(context.WithoutCancel(t.Context()))
+}
+
+func TestOpenForCorrectness(t *testing.T) {
+	eps := servers.Etcd(t, 1).Endpoints()
+	l, err := dlock.Open(t.Context(), "etcd://"+eps[0]+"?purpose=correctness")
+	if err != nil {
+		t.Fatalf("Open for correctness: %v", err)
+	}
+	_ = l.Close()
+}

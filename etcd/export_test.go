@@ -1,0 +1,12 @@
+package etcd
+
+// OwnClient makes d close its client on Close, as a driver opened from a URL
+// does; the tests give every Locker its own client, as separate processes
+// would have.
+func OwnClient(d *Driver) { d.ownsClient = true }
+
+// Dir is the etcd key prefix of key's queue.
+func Dir(d *Driver, key string) string { return d.dir(key) }
+
+// ParseURL exposes the URL parser to the tests.
+var ParseURL = parseURL

@@ -1,0 +1,297 @@
+package etcd_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/etcd"
+)
+
+// slack bounds how late a signal may come: generous, as test machines are
+// noisy. The tests check that things happen, not how fast.
+const slack = 10 * time.Second
+
+// faultCluster starts a 3-member cluster of the test's own, to kill members
+// of.
+func faultCluster(t *testing.T) *servers.EtcdCluster {
+	t.Helper()
+	c, err := servers.StartEtcd(t.Context(), 3)
+	if err != nil {
+		t.Fatalf("starting a 3-member etcd cluster: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Terminate(context.WithoutCancel(t.Context())) })
+	return c
+}
+
+// leader returns the index in c.Members of the current leader.
+func leader(t *testing.T, c *servers.EtcdCluster, cli *clientv3.Client) int {
+	t.Helper()
+	for deadline := time.Now().Add(slack); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		for i, m := range c.Members {
+			ctx, cancel := context.WithTimeout(t.Context(), time.Second) // a killed member never answers
+			st, err := cli.Status(ctx, m.Addr())
+			cancel()
+			if err == nil && st.Header.MemberId == st.Leader {
+				return i
+			}
+		}
+	}
+	t.Fatal("no leader found")
+	return -1
+}
+
+// tryUntilAnswered calls TryAcquire until the cluster answers (during an
+// election it may fail with ErrUnavailable) and returns the outcome.
+func tryUntilAnswered(t *testing.T, l *dlock.Locker, key string) (*dlock.Lease, error) {
+	t.Helper()
+	var err error
+	for deadline := time.Now().Add(slack); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		var le *dlock.Lease
+		le, err = l.TryAcquire(ctx, key, &dlock.AcquireOptions{TTL: 5 * time.Second})
+		cancel()
+		if !errors.Is(err, dlock.ErrUnavailable) {
+			return le, err
+		}
+	}
+	t.Fatalf("the cluster did not answer within %v: %v", slack, err)
+	return nil, nil
+}
+
+// TestLeaderKilledWhileHeld: the lock stays held and exclusive across a
+// leader change, and the next holder's token is larger.
+func TestLeaderKilledWhileHeld(t *testing.T) {
+	t.Parallel()
+	c := faultCluster(t)
+	eps := c.Endpoints()
+	admin := newClient(t, eps)
+	a, b := newLocker(t, eps, nil), newLocker(t, eps, nil)
+	key := uniqueKey(t)
+
+	la, err := a.Acquire(t.Context(), key, &dlock.AcquireOptions{TTL: 5 * time.Second, AutoRefresh: true, MaxHold: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := leader(t, c, admin)
+	if err := c.Members[old].Kill(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if i := leader(t, c, admin); i == old {
+		t.Fatalf("member %d still reported as leader after its kill", i)
+	}
+	if _, err := tryUntilAnswered(t, b, key); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryAcquire while held, after the leader change = %v, want ErrNotAcquired", err)
+	}
+	// Past the lease's TTL: the watchdog kept it alive through the new
+	// leader.
+	time.Sleep(6 * time.Second)
+	if err := la.Err(); err != nil {
+		t.Fatalf("the holder's lease ended across the leader change: %v", err)
+	}
+	if _, err := tryUntilAnswered(t, b, key); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryAcquire while held, a TTL later = %v, want ErrNotAcquired", err)
+	}
+	if err := la.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	lb, err := tryUntilAnswered(t, b, key)
+	if err != nil {
+		t.Fatalf("TryAcquire after release: %v", err)
+	}
+	if lb.Token() <= la.Token() {
+		t.Errorf("token after the leader change %d not above the earlier %d", lb.Token(), la.Token())
+	}
+	if err := lb.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Members[old].Start(t.Context()); err != nil {
+		t.Fatalf("restarting the old leader: %v", err)
+	}
+}
+
+// TestMajorityDown: with two of three members down, Acquire fails within the
+// caller's deadline, reports the backend unavailable, and grants nothing.
+func TestMajorityDown(t *testing.T) {
+	t.Parallel()
+	c := faultCluster(t)
+	eps := c.Endpoints()
+	admin := newClient(t, eps)
+	l := newLocker(t, eps, nil)
+	key := uniqueKey(t)
+
+	down := []int{}
+	for i := range c.Members {
+		if len(down) < 2 {
+			down = append(down, i)
+		}
+	}
+	for _, i := range down {
+		if err := c.Members[i].Kill(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const deadline = 3 * time.Second
+	ctx, cancel := context.WithTimeout(t.Context(), deadline)
+	start := time.Now()
+	le, err := l.Acquire(ctx, key, &dlock.AcquireOptions{TTL: 5 * time.Second})
+	took := time.Since(start)
+	cancel()
+	if err == nil {
+		t.Fatalf("Acquire with a majority down returned a lease (token %d)", le.Token())
+	}
+	if !errors.Is(err, dlock.ErrUnavailable) || !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Acquire with a majority down = %v; want ErrUnavailable, ErrNotAcquired and DeadlineExceeded", err)
+	}
+	if took > deadline+2*time.Second {
+		t.Errorf("Acquire took %v past a %v deadline", took, deadline)
+	}
+	t.Logf("Acquire with 2 of 3 members down: %v after %v", err, took.Round(time.Millisecond))
+
+	// Bring the majority back (together: each needs a quorum to serve)
+	// and check that nothing was granted: no key in the lock's queue.
+	var wg sync.WaitGroup
+	for _, i := range down {
+		wg.Go(func() {
+			if err := c.Members[i].Start(t.Context()); err != nil {
+				t.Errorf("restarting member %d: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	var resp *clientv3.GetResponse
+	for end := time.Now().Add(slack); ; time.Sleep(200 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		resp, err = admin.Get(ctx, dir(key), clientv3.WithPrefix())
+		cancel()
+		if err == nil || time.Now().After(end) {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("reading the queue after recovery: %v", err)
+	}
+	if len(resp.Kvs) != 0 {
+		t.Errorf("%d key(s) left in the queue after the failed Acquire", len(resp.Kvs))
+	}
+}
+
+// TestHolderStopsRefreshing: a holder that stops refreshing (a paused
+// process, as far as the server can tell) loses the lock at its TTL; the
+// queued waiter gets it with a larger token; the old holder's Done fires
+// and its Release returns ErrNotHeld. Then the same with the lease revoked.
+func TestHolderStopsRefreshing(t *testing.T) {
+	t.Parallel()
+	eps := servers.Etcd(t, 3).Endpoints()
+	admin := newClient(t, eps)
+	for _, revoke := range []bool{false, true} {
+		a, b := newLocker(t, eps, nil), newLocker(t, eps, nil)
+		key := uniqueKey(t)
+		la, err := a.Acquire(t.Context(), key, &dlock.AcquireOptions{TTL: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan *dlock.Lease, 1)
+		go func() {
+			lb, err := b.Acquire(t.Context(), key, &dlock.AcquireOptions{TTL: 10 * time.Second})
+			if err != nil {
+				t.Errorf("waiter: %v", err)
+			}
+			got <- lb
+		}()
+		if revoke {
+			own, ok := etcd.OwnerOf(la)
+			if !ok {
+				t.Fatal("OwnerOf(etcd lease) = false")
+			}
+			if _, err := admin.Revoke(t.Context(), own.Lease); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var lb *dlock.Lease
+		select {
+		case lb = <-got:
+		case <-time.After(la.TTL() + slack):
+			t.Fatalf("revoke=%v: the waiter did not get the lock after the holder's TTL", revoke)
+		}
+		if lb == nil {
+			t.FailNow()
+		}
+		if lb.Token() <= la.Token() {
+			t.Errorf("revoke=%v: new holder's token %d not above the old %d", revoke, lb.Token(), la.Token())
+		}
+		select {
+		case <-la.Done():
+		case <-time.After(slack):
+			t.Fatalf("revoke=%v: the old holder's Done did not fire", revoke)
+		}
+		if err := la.Err(); !errors.Is(err, dlock.ErrLeaseLost) {
+			t.Errorf("revoke=%v: old holder's Err = %v, want ErrLeaseLost", revoke, err)
+		}
+		if err := la.Release(t.Context()); !errors.Is(err, dlock.ErrNotHeld) {
+			t.Errorf("revoke=%v: old holder's Release = %v, want ErrNotHeld", revoke, err)
+		}
+		if err := lb.Err(); err != nil {
+			t.Errorf("revoke=%v: the new holder was disturbed: %v", revoke, err)
+		}
+		if err := lb.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestWaiterLeaseLostWhileQueued: a waiter whose own lease is revoked while
+// it is queued fails; it is never granted the lock.
+func TestWaiterLeaseLostWhileQueued(t *testing.T) {
+	t.Parallel()
+	eps := servers.Etcd(t, 1).Endpoints()
+	admin := newClient(t, eps)
+	a, b := newLocker(t, eps, nil), newLocker(t, eps, nil)
+	key := uniqueKey(t)
+	la, err := a.Acquire(t.Context(), key, &dlock.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := make(chan error, 1)
+	go func() {
+		lb, err := b.Acquire(t.Context(), key, &dlock.AcquireOptions{TTL: 10 * time.Second})
+		if err == nil {
+			_ = lb.Release(context.WithoutCancel(t.Context()))
+		}
+		res <- err
+	}()
+	// Find the waiter's key (the second in the queue) and revoke its lease.
+	var waiterLease clientv3.LeaseID
+	for end := time.Now().Add(slack); waiterLease == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the waiter never queued")
+		}
+		resp, err := admin.Get(t.Context(), dir(key), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) == 2 {
+			waiterLease = clientv3.LeaseID(resp.Kvs[1].Lease)
+		}
+	}
+	if _, err := admin.Revoke(t.Context(), waiterLease); err != nil {
+		t.Fatal(err)
+	}
+	if err := la.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-res:
+		if !errors.Is(err, dlock.ErrUnavailable) {
+			t.Errorf("Acquire of a waiter whose lease was revoked = %v, want ErrUnavailable", err)
+		}
+	case <-time.After(slack):
+		t.Fatal("the waiter whose lease was revoked did not return")
+	}
+}

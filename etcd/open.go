@@ -1,0 +1,156 @@
+package etcd
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/urlparam"
+)
+
+func init() {
+	dlock.Register("etcd", open)
+	dlock.Register("etcds", open)
+	g := dlock.Guarantees{Fencing: dlock.FencingConsensus}
+	dlock.RegisterGuarantees("etcd", g)
+	dlock.RegisterGuarantees("etcds", g)
+}
+
+// defaultDialTimeout bounds the connection attempt of a client built from a
+// URL.
+const defaultDialTimeout = 5 * time.Second
+
+// open is the dlock.Opener of the schemes etcd and etcds:
+//
+//	etcd://[user:password@]host1:2379,host2:2379[/prefix]?ttl=15s
+//	etcds://host1:2379/prefix?ca=/etc/etcd/ca.pem&cert=client.pem&key=client-key.pem
+//
+// The path, if any, is the key prefix (a slash is added at its end:
+// "/locks" means prefix "locks/"). Parameters: ttl (all backends),
+// dial_timeout (default 5s), and for etcds: ca (a PEM file of the CAs to
+// trust; default the system pool), cert and key (a client certificate, both
+// or neither), server_name (the name to verify, default the host dialled).
+func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
+	cfg, opts, err := parseURL(u)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Context = context.WithoutCancel(ctx)
+	client, err := clientv3.New(*cfg)
+	if err != nil {
+		return nil, unavailable("connecting", err)
+	}
+	d, err := NewDriver(ctx, client, opts)
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	d.ownsClient = true
+	return d, nil
+}
+
+// parseURL turns u into a client configuration and options, without I/O
+// (certificate files are read).
+func parseURL(u *url.URL) (*clientv3.Config, *Options, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: etcd: "+format, append([]any{backend.ErrInvalidConfig}, args...)...)
+	}
+	if u.Scheme != "etcd" && u.Scheme != "etcds" {
+		return nil, nil, bad("scheme %q: want etcd or etcds", u.Scheme)
+	}
+	if u.Host == "" {
+		return nil, nil, bad("no endpoints in %s (want etcd://host:2379,host2:2379/prefix)", u.Redacted())
+	}
+	cfg := &clientv3.Config{DialTimeout: defaultDialTimeout}
+	for _, h := range strings.Split(u.Host, ",") {
+		if h == "" || strings.HasPrefix(h, ":") {
+			return nil, nil, bad("empty host in endpoint list %q", u.Host)
+		}
+		if !strings.Contains(h, ":") || strings.HasSuffix(h, "]") {
+			h += ":2379"
+		}
+		scheme := "http://"
+		if u.Scheme == "etcds" {
+			scheme = "https://"
+		}
+		cfg.Endpoints = append(cfg.Endpoints, scheme+h)
+	}
+	if u.User != nil {
+		cfg.Username = u.User.Username()
+		cfg.Password, _ = u.User.Password()
+	}
+	var o Options
+	if p := strings.Trim(u.Path, "/"); p != "" {
+		o.Prefix = p + "/"
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, nil, bad("query of %s: %w", u.Redacted(), err)
+	}
+	if v, ok, err := urlparam.Take(q, "dial_timeout"); err != nil {
+		return nil, nil, err
+	} else if ok {
+		t, err := time.ParseDuration(v)
+		if err != nil || t <= 0 {
+			return nil, nil, bad("parameter dial_timeout=%q: want a positive duration such as 5s", v)
+		}
+		cfg.DialTimeout = t
+	}
+	var tlsParams [4]string
+	for i, name := range []string{"ca", "cert", "key", "server_name"} {
+		v, ok, err := urlparam.Take(q, name)
+		if err != nil {
+			return nil, nil, err
+		}
+		if ok && u.Scheme != "etcds" {
+			return nil, nil, bad("parameter %s needs the etcds scheme (TLS)", name)
+		}
+		tlsParams[i] = v
+	}
+	for name := range q {
+		return nil, nil, bad("unknown parameter %q (known: ttl, dial_timeout, ca, cert, key, server_name)", name)
+	}
+	if u.Scheme == "etcds" {
+		tc, err := tlsConfig(tlsParams[0], tlsParams[1], tlsParams[2], tlsParams[3])
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg.TLS = tc
+	}
+	return cfg, &o, nil
+}
+
+// tlsConfig builds the client's TLS configuration from PEM files.
+func tlsConfig(ca, cert, key, serverName string) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
+	if ca != "" {
+		pem, err := os.ReadFile(ca)
+		if err != nil {
+			return nil, fmt.Errorf("%w: etcd: parameter ca: %w", backend.ErrInvalidConfig, err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%w: etcd: parameter ca: no PEM certificate in %s", backend.ErrInvalidConfig, ca)
+		}
+	}
+	if (cert == "") != (key == "") {
+		return nil, fmt.Errorf("%w: etcd: parameters cert and key go together", backend.ErrInvalidConfig)
+	}
+	if cert != "" {
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return nil, fmt.Errorf("%w: etcd: client certificate: %w", backend.ErrInvalidConfig, err)
+		}
+		tc.Certificates = []tls.Certificate{pair}
+	}
+	return tc, nil
+}

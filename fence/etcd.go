@@ -1,0 +1,63 @@
+package fence
+
+import (
+	"context"
+	"fmt"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+)
+
+// EtcdTokenSuffix follows a data key to name the key where [Etcd] keeps the
+// highest token written to it. Token keys share the data's prefix, so a
+// prefix read or watch of the data sees them too.
+const EtcdTokenSuffix = "\x00fence-token"
+
+// Etcd fences writes to etcd keys: one transaction compares the token kept
+// beside the data and writes both. To fence an etcd write with no extra
+// state, use the lock's ownership in the write's own transaction instead
+// (etcd.OwnerOf(lease).Cmp()), which fails once the lock is lost.
+type Etcd struct {
+	Client *clientv3.Client
+}
+
+// Put stores value under key if token is at least the highest token a
+// write to key has carried (equal tokens pass), and records token. A lower
+// token gets a *StaleError and changes nothing. Other errors wrap
+// dlock.ErrUnavailable.
+func (e Etcd) Put(ctx context.Context, key, value string, token dlock.Token) error {
+	if token == 0 {
+		return errNoToken(key)
+	}
+	if key == "" || e.Client == nil {
+		return fmt.Errorf("%w: fence: etcd: empty key or nil client", backend.ErrInvalidConfig)
+	}
+	tk, tok := key+EtcdTokenSuffix, padded(token)
+	write := []clientv3.Op{clientv3.OpPut(key, value), clientv3.OpPut(tk, tok)}
+	// A Value compare fails on a missing key, hence the first branch.
+	resp, err := e.Client.Txn(ctx).
+		If(clientv3.Compare(clientv3.Version(tk), "=", 0)).
+		Then(write...).
+		Else(clientv3.OpTxn(
+			[]clientv3.Cmp{clientv3.Compare(clientv3.Value(tk), ">", tok)}, // stale
+			[]clientv3.Op{clientv3.OpGet(tk)},
+			write,
+		)).Commit()
+	if err != nil {
+		return fmt.Errorf("%w: fence: etcd: %w", backend.ErrUnavailable, err)
+	}
+	if resp.Succeeded {
+		return nil
+	}
+	inner := resp.Responses[0].GetResponseTxn()
+	if !inner.Succeeded {
+		return nil // not stale: written
+	}
+	var highest dlock.Token
+	if kvs := inner.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
+		highest = unpad(string(kvs[0].Value))
+	}
+	return &StaleError{Resource: key, Token: token, Highest: highest}
+}

@@ -1,0 +1,45 @@
+// Package redisscript holds the Lua scripts of the Redis lock, shared by
+// the redis (one server) and redlock (N independent masters) backends: one
+// .lua file per script, with its KEYS/ARGV in a header comment, loaded once
+// and run by EVALSHA.
+package redisscript
+
+import (
+	_ "embed"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed acquire.lua
+	acquireSrc string
+	//go:embed release.lua
+	releaseSrc string
+	//go:embed refresh.lua
+	refreshSrc string
+	//go:embed raise.lua
+	raiseSrc string
+)
+
+// The scripts (see each .lua file for KEYS, ARGV and the reply).
+var (
+	// Acquire takes a free lock and issues a fencing token (acquire.lua).
+	Acquire = goredis.NewScript(acquireSrc)
+	// Release deletes the lock if it is ours (release.lua).
+	Release = goredis.NewScript(releaseSrc)
+	// Refresh extends the lock's TTL if it is ours (refresh.lua).
+	Refresh = goredis.NewScript(refreshSrc)
+	// Raise raises a fencing counter to at least a value (raise.lua).
+	Raise = goredis.NewScript(raiseSrc)
+)
+
+// All lists the scripts, for loading them.
+var All = []*goredis.Script{Acquire, Release, Refresh, Raise}
+
+// FenceSuffix and ReleaseSuffix follow a lock key (which ends with a hash
+// tag's closing brace, so they share its Cluster slot): the fencing
+// counter's key and the release channel.
+const (
+	FenceSuffix   = ":fence"
+	ReleaseSuffix = ":released" // also spelled out in release.lua
+)

@@ -1,0 +1,76 @@
+// Package redlock is the dlock backend for Redlock: one lock over N
+// independent Redis masters (an odd number, at least 3; 5 is typical),
+// implemented as the Redis "Distributed locks" page specifies. It is an
+// efficiency lock: where two holders would corrupt data, use etcd or
+// ZooKeeper (Kleppmann, "How to do distributed locking").
+//
+//	locker, err := redlock.New(ctx, []goredis.UniversalClient{c1, c2, c3, c4, c5}, nil)
+//
+// or dlock.Open(ctx, "redlock://h1:6379,h2:6379,h3:6379,h4:6379,h5:6379?ttl=10s")
+// after importing this package.
+//
+// # The algorithm
+//
+//   - Acquire takes the start time on the monotonic clock and sends the
+//     single-Redis acquire script (SET key value NX PX ttl, and a token from
+//     the node's counter) to all N nodes in parallel, each round trip cut at
+//     NodeTimeout (default 50ms, at most a tenth of the TTL), so an attempt
+//     costs the slowest round trip, not their sum.
+//   - The lock is ours with a majority (N/2+1) and validity left:
+//     TTL − elapsed − drift > 0, drift = TTL × DriftFactor + 2ms. Otherwise
+//     it is released on all nodes, those that seemed to fail included.
+//   - The dlock layer retries after a jittered delay (so competing clients
+//     do not split the vote forever), bounded by the caller's context. A
+//     lock held by others is reported as ErrNotAcquired; when too few nodes
+//     answer to tell, the attempt fails with ErrUnavailable.
+//   - Release is a compare-and-delete on all nodes.
+//   - Refresh is a compare-and-PEXPIRE on all nodes: it never re-creates a
+//     lapsed key (that would be a new acquire) and counts only with a
+//     majority, answered within the TTL less the drift. The dlock watchdog
+//     bounds each refresh by the lease's deadline and the total hold by
+//     MaxHold.
+//   - Lease.Deadline is the start of the attempt plus the TTL, less the
+//     drift margin: the validity the algorithm computes (the Locker uses
+//     this backend's DriftFactor when it is larger than its own).
+//   - The token's write-back (below) finishes before Release deletes the
+//     keys, so no later grant can be issued before the nodes know it.
+//   - Release succeeds only if the lock was still ours on a majority;
+//     otherwise the lease had been lost (ErrNotHeld), whatever a minority
+//     still held (it is deleted too).
+//   - One server given twice would vote twice: New refuses repeated
+//     clients and addresses.
+//
+// # Fencing: best effort
+//
+// Redlock has no consensus-grade token. Each node's counter is bumped by the
+// acquire script; the lease's token is the largest among the nodes that
+// granted, and it is written back to them (raise.lua), so that a later
+// majority, which shares at least one node with this one, issues a larger
+// token. Guarantees reports FencingBestEffort. It fails when the shared node
+// did not get the write-back (it failed or timed out) and its counter was
+// lower, or when nodes restart without persistence and lose their counters
+// (a lost counter restarts at the server's clock in microseconds, which
+// keeps tokens increasing unless clocks step back).
+//
+// # Restarts: delay them
+//
+// A node that crashes and comes back empty (no persistence, or
+// appendfsync other than always) at once can let a second client win a
+// majority while the first still holds the lock; the tests show it
+// happening. Keep a crashed node out for at least the longest TTL in use
+// (delayed restart), or run it with appendonly yes and appendfsync always.
+//
+// # Clients
+//
+// The clients are the caller's: *goredis.Client for each master
+// (Ring and Cluster clients are refused: each node must be one independent
+// master), with ContextTimeoutEnabled set, so that the per-node timeout
+// cuts a slow round trip on the socket (New refuses a *goredis.Client
+// without it). Clients built from a URL have it set.
+//
+// # URL
+//
+//	redlock://[[user]:password@]h1:6379,h2:6379,h3:6379[/db]?ttl=10s&prefix=dlock:&drift_factor=0.01&node_timeout=50ms
+//
+// The credentials and database apply to every node.
+package redlock

@@ -1,0 +1,72 @@
+package zookeeper_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance"
+	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/zookeeper"
+)
+
+// harness runs the conformance suite on a ZooKeeper server or ensemble.
+// Each Locker has its own session.
+type harness struct {
+	servers []string
+	admin   *zk.Conn
+}
+
+func (h *harness) NewLocker(ctx context.Context, opts *dlock.Options) (*dlock.Locker, error) {
+	return openLocker(ctx, h.servers, &zookeeper.Options{Locker: opts})
+}
+
+// Expire deletes every lock node in key's queue, as the server does when
+// their sessions end.
+func (h *harness) Expire(ctx context.Context, key string) error {
+	kids, _, err := h.admin.Children(parent(key))
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, k := range kids {
+		if err := h.admin.Delete(parent(key)+"/"+k, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+			return err
+		}
+	}
+	return nil
+}
+
+// Residue reports a lock node left in key's queue. Deletions by a
+// cancelled waiter finish in the background: allow them a moment.
+func (h *harness) Residue(ctx context.Context, key string) (bool, error) {
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		kids, _, err := h.admin.Children(parent(key))
+		if errors.Is(err, zk.ErrNoNode) {
+			return false, nil
+		}
+		if err != nil || len(kids) == 0 || time.Now().After(deadline) {
+			return len(kids) > 0, err
+		}
+	}
+}
+
+func (h *harness) Close() {} // the admin session is the test's
+
+func TestConformance(t *testing.T) {
+	for _, n := range []int{1, 3} {
+		t.Run(map[int]string{1: "standalone", 3: "ensemble3"}[n], func(t *testing.T) {
+			srv := servers.ZooKeeper(t, n).Servers()
+			admin := adminConn(t, srv)
+			conformance.Run(t, func(ctx context.Context, t *testing.T) (conformance.Harness, error) {
+				return &harness{servers: srv, admin: admin}, nil
+			})
+		})
+	}
+}

@@ -1,0 +1,107 @@
+// Package zookeeper is the dlock backend on Apache ZooKeeper (3.5 or later):
+// consensus-grade locks whose fencing token is the czxid of the holder's
+// lock node, the zxid Kleppmann's article suggests. Choose it where two
+// holders at once would corrupt data.
+//
+//	locker, err := zookeeper.New(ctx, []string{"zk1:2181", "zk2:2181", "zk3:2181"}, nil)
+//	lease, err := locker.Acquire(ctx, "orders/42", nil)
+//
+// or, by configuration, dlock.Open(ctx, "zk://zk1:2181,zk2:2181,zk3:2181/dlock?session_timeout=30s")
+// after importing this package.
+//
+// # The recipe
+//
+// The lock recipe of Apache Curator's InterProcessMutex, written here rather
+// than taken from go-zookeeper's zk.Lock, which takes no context, leaves its
+// node behind on errors and cannot recover from a connection lost during the
+// create:
+//
+//   - A lock named k queues under the container node Prefix + "/" +
+//     encode(k). Container nodes are removed by the server once empty, so
+//     lock names do not pile up; a waiter that finds its parent reaped
+//     creates it again.
+//   - Each acquire creates an ephemeral-sequential node in protection mode:
+//     its name carries a random GUID ("_c_<guid>-lock-<seq>"). If the
+//     connection drops during the create, the reply is lost but the node
+//     may exist: we list the parent and take the node with our GUID instead
+//     of creating a second one (Curator's protection mode; ZOOKEEPER-1262).
+//     If even that fails, a background task deletes whatever carries our
+//     GUID once it can, so no orphan node keeps the lock.
+//   - The node with the lowest sequence number holds the lock. Every other
+//     waiter watches only its immediate predecessor (no herd effect), so
+//     the lock is granted first come, first served.
+//   - When granted, the node's Stat is read: it proves the node (and so the
+//     session) still exists, and its czxid is the token.
+//   - A cancelled or failed acquire deletes its node (in the background if
+//     the call is still on its way).
+//
+// # Fencing token
+//
+// Lease.Token is the czxid of our lock node: the zxid of the transaction
+// that created it, so a later holder always has a larger token, across
+// leader changes. It is never the 32-bit sequence suffix, which wraps
+// (ZOOKEEPER-2944) and restarts when a reaped parent is created again.
+//
+// # Sessions, TTL and Refresh
+//
+// The lease lives in the driver's ZooKeeper session (one per Locker): if the
+// process dies or is cut off, the server deletes its lock nodes when the
+// session expires, a session timeout after it last heard from the client.
+// The server negotiates that timeout within its bounds (by default 2 to 20
+// ticks, 4s to 40s); [Driver.SessionTimeout] and the Locker's
+// Limits().MaxTTL report the value granted.
+//
+// The TTL of a lease is client-enforced within that bound, so that the lock
+// means the same as on every dlock backend:
+//
+//   - A TTL may not exceed the granted session timeout (ErrInvalidTTL;
+//     the bound is read when the Locker is made: a server whose
+//     maxSessionTimeout is lowered later needs new Lockers).
+//     This keeps Lease.Deadline safe: the session cannot expire before it,
+//     because the server counts the session timeout from our last request,
+//     which is never earlier than the acquire or refresh the deadline is
+//     counted from.
+//   - A lease not refreshed within its TTL is given up by the holder itself:
+//     the driver deletes its node when the TTL runs out (a live client's
+//     pings would otherwise keep it forever).
+//   - Refresh is one round trip that checks our node still exists (and tells
+//     the server the session is alive), then restarts the TTL. The TTL can
+//     be changed freely within the bound; it reports the TTL asked.
+//
+// Disconnected is "not certain": the session may survive (the client
+// reconnects within the session timeout) or expire. While disconnected,
+// Refresh fails at once with ErrUnavailable, so the lease ends at its
+// Deadline unless the session comes back in time; the driver logs the
+// state change. Expired is lost: each lease watches its node, and a
+// deletion (by session expiry, or by anyone else) fires Done with
+// ErrLeaseLost; Release then returns ErrNotHeld.
+//
+// # Keys
+//
+// Any key the root API accepts works: bytes outside [A-Za-z0-9_~.-] are
+// percent-encoded, and "." and ".." are spelled %2E and %2E%2E, so every
+// key is one valid path segment and distinct keys never share a queue.
+//
+// # Guarantees
+//
+// Fencing is consensus-grade; the lock works while a majority of the
+// ensemble (counted from the server list given) is up; waiters are served
+// FIFO; safety does not rest on clocks beyond the local monotonic clock's
+// rate, which Deadline needs on every backend.
+//
+// # URL
+//
+//	zk://[user:password@]host1:2181,host2:2181[/prefix]?session_timeout=30s&ttl=20s
+//
+// The path is the prefix znode (default /dlock), created if missing.
+// user:password turns on digest authentication: nodes are then created with
+// an ACL for that identity only. Parameters: ttl (every backend) and
+// session_timeout (default 40s). Unknown parameters are an error.
+//
+// # Connection
+//
+// Unlike the other backends, New takes the server list rather than a live
+// client: the driver needs its session's state changes and the negotiated
+// session timeout, which go-zookeeper's Conn only offers to the code that
+// connects. Locker.As(**zk.Conn) reaches the connection.
+package zookeeper

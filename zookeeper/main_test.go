@@ -1,0 +1,81 @@
+package zookeeper_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/zookeeper"
+)
+
+func TestMain(m *testing.M) { servers.Main(m) }
+
+// testSession is the session timeout of the tests' Lockers: above the
+// longest lease the conformance suite asks for (a minute). The test servers
+// allow up to two minutes.
+const testSession = 90 * time.Second
+
+// quiet discards the client's log lines (connection churn in fault tests).
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// newLocker returns a Locker with its own session, closed when tb ends.
+func newLocker(tb testing.TB, srv []string, opts *zookeeper.Options) *dlock.Locker {
+	tb.Helper()
+	l, err := openLocker(tb.Context(), srv, opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+func openLocker(ctx context.Context, srv []string, opts *zookeeper.Options) (*dlock.Locker, error) {
+	o := zookeeper.Options{SessionTimeout: testSession, Logger: quiet}
+	if opts != nil {
+		o = *opts
+		if o.SessionTimeout == 0 {
+			o.SessionTimeout = testSession
+		}
+		if o.Logger == nil {
+			o.Logger = quiet
+		}
+	}
+	return zookeeper.New(ctx, srv, &o)
+}
+
+// adminConn returns a plain client session, closed when tb ends.
+func adminConn(tb testing.TB, srv []string) *zk.Conn {
+	tb.Helper()
+	c, _, err := zk.Connect(srv, 30*time.Second, zk.WithLogInfo(false), zk.WithLogger(nopLogger{}))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(c.Close)
+	// Wait for the session: the first call blocks until there is one.
+	if _, _, err := c.Exists("/"); err != nil {
+		tb.Fatal(err)
+	}
+	return c
+}
+
+type nopLogger struct{}
+
+func (nopLogger) Printf(string, ...any) {}
+
+// parent is the znode under which key's lock nodes queue (default prefix).
+func parent(key string) string { return zookeeper.DefaultPrefix + "/" + zookeeper.EncodeKey(key) }
+
+func uniqueKey(tb testing.TB) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return strings.ReplaceAll(tb.Name(), "/", ".") + "." + hex.EncodeToString(b[:])
+}

@@ -1,0 +1,692 @@
+package zookeeper
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/bg"
+)
+
+// Defaults of [Options].
+const (
+	DefaultPrefix         = "/dlock"
+	DefaultSessionTimeout = 40 * time.Second
+)
+
+// protectedPrefix marks a lock node created in protection mode: its name is
+// protectedPrefix + a random GUID + "-lock-" + the server's sequence number,
+// so that after a connection loss during the create we can find our node.
+const protectedPrefix = "_c_"
+
+// retryPause is the pause between attempts of background clean-ups.
+const retryPause = 200 * time.Millisecond
+
+// cleanupTimeout bounds the wait for the deletion of an abandoned node
+// before it is left to the background.
+const cleanupTimeout = 2 * time.Second
+
+// Options configure the ZooKeeper backend. The zero value (or nil) is valid.
+type Options struct {
+	// Prefix is the znode under which the locks live, an absolute path.
+	// Default DefaultPrefix ("/dlock"). It is created (persistent) if
+	// missing.
+	Prefix string
+	// SessionTimeout is the session timeout asked of the server, which
+	// may negotiate it down (its maxSessionTimeout) or up. Default
+	// DefaultSessionTimeout (40s, the maximum of a default server). Lease
+	// TTLs may not exceed the negotiated value; see the package doc.
+	SessionTimeout time.Duration
+	// Auth, if set, is "user:password" for ZooKeeper digest
+	// authentication; lock nodes are then created with an ACL that grants
+	// access to that identity only.
+	Auth string
+	// Dialer, if set, opens the TCP connections to the servers (tests use
+	// it to cut connections).
+	Dialer zk.Dialer
+	// Logger receives the ZooKeeper client's warnings and the session's
+	// state changes. Default slog.Default().
+	Logger *slog.Logger
+	// Locker configures the Locker that [New] returns. Nil means defaults.
+	Locker *dlock.Options
+}
+
+// Driver is the ZooKeeper implementation of backend.Driver and
+// backend.Queuer. It owns one ZooKeeper session, shared by all leases taken
+// through it.
+type Driver struct {
+	conn    *zk.Conn
+	prefix  string
+	servers int
+	acl     []zk.ACL
+	log     *slog.Logger
+
+	negotiated atomic.Int64 // session timeout the server granted, in ms
+
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	once   sync.Once
+
+	bg bg.Group // calls abandoned by their callers, clean-ups, loss watchers
+}
+
+// New connects to the ensemble (servers are host:port), waits for a session,
+// creates the prefix node if it is missing, and returns a Locker configured
+// by opts.Locker (its default TTL is the granted session timeout if that is
+// shorter than dlock.DefaultTTL; see dlock.Options.TTL). Closing the
+// Locker closes the session, which deletes every lock node it still owns.
+// Errors wrap [backend.ErrInvalidConfig] or [backend.ErrUnavailable].
+func New(ctx context.Context, servers []string, opts *Options) (*dlock.Locker, error) {
+	d, err := NewDriver(ctx, servers, opts)
+	if err != nil {
+		return nil, err
+	}
+	var lo *dlock.Options
+	if opts != nil {
+		lo = opts.Locker
+	}
+	return dlock.New(d, lo), nil
+}
+
+// NewDriver is [New] without the Locker, for callers that wrap the driver.
+func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	if o.SessionTimeout == 0 {
+		o.SessionTimeout = DefaultSessionTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	switch {
+	case len(servers) == 0:
+		return nil, fmt.Errorf("%w: zookeeper: no servers", backend.ErrInvalidConfig)
+	case o.SessionTimeout < 0:
+		return nil, fmt.Errorf("%w: zookeeper: negative SessionTimeout %v", backend.ErrInvalidConfig, o.SessionTimeout)
+	case !strings.HasPrefix(o.Prefix, "/") || strings.HasSuffix(o.Prefix, "/") || strings.Contains(o.Prefix, "//"):
+		return nil, fmt.Errorf("%w: zookeeper: Prefix %q: want an absolute path such as /dlock, without a trailing slash", backend.ErrInvalidConfig, o.Prefix)
+	case o.Auth != "" && !strings.Contains(o.Auth, ":"):
+		return nil, fmt.Errorf("%w: zookeeper: Auth: want user:password", backend.ErrInvalidConfig)
+	}
+	for _, s := range servers {
+		if _, _, err := net.SplitHostPort(s); err != nil {
+			return nil, fmt.Errorf("%w: zookeeper: server %q: want host:port", backend.ErrInvalidConfig, s)
+		}
+	}
+
+	d := &Driver{prefix: o.Prefix, servers: len(servers), log: o.Logger, acl: zk.WorldACL(zk.PermAll)}
+	d.ctx, d.cancel = context.WithCancel(context.Background())
+	dial := o.Dialer
+	if dial == nil {
+		dial = net.DialTimeout
+	}
+	session := make(chan struct{}, 1)
+	conn, _, err := zk.Connect(servers, o.SessionTimeout,
+		zk.WithLogger(zkLogger{o.Logger}),
+		zk.WithLogInfo(false),
+		zk.WithDialer(func(network, addr string, timeout time.Duration) (net.Conn, error) {
+			c, err := dial(network, addr, timeout)
+			if err != nil {
+				return nil, err
+			}
+			return &timeoutConn{Conn: c, d: d}, nil
+		}),
+		zk.WithEventCallback(func(ev zk.Event) {
+			if ev.Type != zk.EventSession {
+				return
+			}
+			switch ev.State {
+			case zk.StateHasSession:
+				select {
+				case session <- struct{}{}:
+				default:
+				}
+			case zk.StateDisconnected:
+				d.log.Warn("dlock/zookeeper: disconnected; leases are uncertain until the session is back", "server", ev.Server)
+			case zk.StateExpired:
+				d.log.Warn("dlock/zookeeper: session expired; its leases are lost")
+			}
+		}),
+	)
+	if err != nil {
+		d.cancel()
+		return nil, fmt.Errorf("%w: zookeeper: %w", backend.ErrInvalidConfig, err)
+	}
+	d.conn = conn
+	fail := func(err error) (*Driver, error) {
+		_ = d.Close()
+		return nil, err
+	}
+	select {
+	case <-session:
+	case <-ctx.Done():
+		return fail(fmt.Errorf("%w: zookeeper: no session with %v: %w", backend.ErrUnavailable, servers, ctx.Err()))
+	}
+	if o.Auth != "" {
+		if err := d.do(ctx, func() error { return conn.AddAuth("digest", []byte(o.Auth)) }); err != nil {
+			return fail(unavailable("authenticating", err))
+		}
+		d.acl = zk.AuthACL(zk.PermAll)
+	}
+	if err := d.ensurePath(ctx, d.prefix); err != nil {
+		return fail(err)
+	}
+	return d, nil
+}
+
+// timeoutConn records the session timeout the server negotiated, which the
+// client library keeps to itself: it is the second int32 of the first frame
+// the server sends on a connection (the connect response).
+type timeoutConn struct {
+	net.Conn
+	d    *Driver
+	head [12]byte
+	n    int
+}
+
+func (c *timeoutConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if c.n < len(c.head) && n > 0 {
+		c.n += copy(c.head[c.n:], p[:n])
+		if c.n == len(c.head) {
+			if ms := int32(binary.BigEndian.Uint32(c.head[8:])); ms > 0 {
+				c.d.negotiated.Store(int64(ms))
+			}
+		}
+	}
+	return n, err
+}
+
+// zkLogger sends the client library's log lines to slog.
+type zkLogger struct{ log *slog.Logger }
+
+func (l zkLogger) Printf(format string, args ...any) {
+	l.log.Warn("dlock/zookeeper: " + fmt.Sprintf(format, args...))
+}
+
+// SessionTimeout returns the session timeout the server granted.
+func (d *Driver) SessionTimeout() time.Duration {
+	return time.Duration(d.negotiated.Load()) * time.Millisecond
+}
+
+// ValidateKey accepts every key the dlock layer accepts: keys are encoded.
+func (d *Driver) ValidateKey(string) error { return nil }
+
+// Limits: a lease may not outlast the session timeout the server granted
+// (see the package doc).
+func (d *Driver) Limits() backend.Limits {
+	return backend.Limits{MaxTTL: d.SessionTimeout()}
+}
+
+// Guarantees: consensus-grade fencing (czxid), FIFO, and a majority of the
+// ensemble (counted from the server list) must be up.
+func (d *Driver) Guarantees() backend.Guarantees {
+	return backend.Guarantees{
+		Fencing:           backend.FencingConsensus,
+		ToleratedFailures: (d.servers - 1) / 2,
+		FIFO:              true,
+		Notes: "Exclusion and tokens (czxid) come from ZooKeeper's atomic broadcast. A holder cut off " +
+			"from the ensemble may believe it holds the lock until its Deadline; the protected resource " +
+			"must check tokens.",
+	}
+}
+
+// As supports **zk.Conn (the driver's connection; do not close it).
+func (d *Driver) As(target any) bool {
+	if p, ok := target.(**zk.Conn); ok {
+		*p = d.conn
+		return true
+	}
+	return false
+}
+
+// Close closes the session (the server deletes the lock nodes it still
+// owns) and waits for the driver's background work.
+func (d *Driver) Close() error {
+	d.once.Do(func() {
+		d.bg.Close()
+		d.cancel()
+		if d.conn != nil {
+			d.conn.Close()
+		}
+		d.bg.Wait()
+	})
+	return nil
+}
+
+// do runs f, a blocking ZooKeeper call, and returns its error, or ctx's if
+// ctx ends first; f then finishes in the background (Close waits for it).
+func (d *Driver) do(ctx context.Context, f func() error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	if !d.bg.Go(func() { done <- f() }) {
+		return backend.ErrClosed
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// read is do for a read (idempotent) call: after a connection loss it tries
+// again, until ctx ends, while the client reconnects within the session.
+func (d *Driver) read(ctx context.Context, f func() error) error {
+	for {
+		err := d.do(ctx, f)
+		if err == nil || !connLost(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-d.ctx.Done():
+			return err
+		case <-time.After(retryPause):
+		}
+	}
+}
+
+// ensurePath creates the persistent node path and its ancestors if missing.
+func (d *Driver) ensurePath(ctx context.Context, path string) error {
+	for i := 1; i <= len(path); i++ {
+		if i < len(path) && path[i] != '/' {
+			continue
+		}
+		p := path[:i]
+		err := d.do(ctx, func() error {
+			_, err := d.conn.Create(p, nil, 0, d.acl)
+			return err
+		})
+		if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			return unavailable("creating "+p, err)
+		}
+	}
+	return nil
+}
+
+// parent is the container node under which key's lock nodes queue.
+func (d *Driver) parent(key string) string { return d.prefix + "/" + encodeKey(key) }
+
+// seq returns the sequence number the server appended to a lock node name
+// (ZooKeeper formats a signed 32-bit counter with %010d, so it wraps to
+// negative numbers).
+func seq(name string) (int32, bool) {
+	i := strings.LastIndex(name, "-lock-")
+	if i < 0 {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(name[i+len("-lock-"):], 10, 32)
+	return int32(n), err == nil
+}
+
+// before reports whether sequence number a comes before b, allowing for
+// the counter's wrap-around (a queue never spans 2^31 creations).
+func before(a, b int32) bool { return int32(uint32(a)-uint32(b)) < 0 }
+
+func newGUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// create makes our lock node under parent in protection mode and returns its
+// path. If ctx ends first, the node (once created) is deleted in the
+// background.
+func (d *Driver) create(ctx context.Context, parent string) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	guid := newGUID()
+	type result struct {
+		path string
+		err  error
+	}
+	ch := make(chan result, 1)
+	// Who takes the result: the caller (taken) or, once the caller has
+	// gone, the goroutine itself (abandoned), which then deletes the node.
+	const (
+		pending int32 = iota
+		taken
+		abandoned
+	)
+	var state atomic.Int32
+	started := d.bg.Go(func() {
+		p, err := d.createProtected(parent, guid)
+		if err != nil && connLost(err) {
+			// The node may exist and we could not find it: delete
+			// whatever carries our GUID once we can.
+			d.deleteByGUID(parent, guid)
+		}
+		if !state.CompareAndSwap(pending, taken) {
+			if p != "" {
+				d.deleteNode(p)
+			}
+			return
+		}
+		ch <- result{p, err}
+	})
+	if !started {
+		return "", backend.ErrClosed
+	}
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return "", unavailable("creating the lock node", r.err)
+		}
+		return r.path, nil
+	case <-ctx.Done():
+		if state.CompareAndSwap(pending, abandoned) {
+			return "", ctx.Err() // the goroutine deletes the node
+		}
+		// The result is on its way: ours to clean up.
+		if r := <-ch; r.path != "" {
+			d.abandon(r.path)
+		}
+		return "", ctx.Err()
+	}
+}
+
+// createProtected is the blocking create of protection mode (Curator's,
+// ZOOKEEPER-1262): on a connection loss during the create, the node may or
+// may not exist; we look for our GUID among the children before trying
+// again. A missing parent (a container node the server reaped) is created.
+func (d *Driver) createProtected(parent, guid string) (string, error) {
+	name := parent + "/" + protectedPrefix + guid + "-lock-"
+	var err error
+	for range 5 {
+		var p string
+		p, err = d.conn.Create(name, nil, zk.FlagEphemeral|zk.FlagSequence, d.acl)
+		switch {
+		case err == nil:
+			return p, nil
+		case errors.Is(err, zk.ErrNoNode):
+			_, cerr := d.conn.CreateContainer(parent, nil, zk.FlagContainer, d.acl)
+			if cerr != nil && !errors.Is(cerr, zk.ErrNodeExists) {
+				return "", cerr
+			}
+		case connLost(err):
+			p, found, ferr := d.findAfterLoss(parent, guid)
+			if ferr != nil {
+				return "", ferr
+			}
+			if found {
+				return p, nil
+			}
+		case errors.Is(err, zk.ErrSessionExpired):
+			// A new session: the node cannot exist. Try again.
+		default:
+			return "", err
+		}
+	}
+	return "", err
+}
+
+// connLost reports an error that means the connection broke: the request
+// may or may not have reached the server. The client library reports most
+// as ErrConnectionClosed, but a write on a connection that just broke
+// returns the network error itself.
+func connLost(err error) bool {
+	var ne net.Error
+	return errors.Is(err, zk.ErrConnectionClosed) || errors.Is(err, zk.ErrNoServer) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) || errors.As(err, &ne)
+}
+
+// findAfterLoss is findByGUID after a connection loss: it tries again while
+// the connection is being re-established.
+func (d *Driver) findAfterLoss(parent, guid string) (string, bool, error) {
+	for range 20 {
+		p, found, err := d.findByGUID(parent, guid)
+		if err == nil || !connLost(err) {
+			return p, found, err
+		}
+		select {
+		case <-d.ctx.Done():
+			return "", false, err
+		case <-time.After(retryPause):
+		}
+	}
+	return d.findByGUID(parent, guid)
+}
+
+// findByGUID looks for the lock node carrying guid under parent.
+func (d *Driver) findByGUID(parent, guid string) (string, bool, error) {
+	kids, _, err := d.conn.Children(parent)
+	if errors.Is(err, zk.ErrNoNode) {
+		return "", false, nil // no parent, so no node of ours
+	}
+	if err != nil {
+		return "", false, err
+	}
+	for _, k := range kids {
+		if strings.HasPrefix(k, protectedPrefix+guid) {
+			return parent + "/" + k, true, nil
+		}
+	}
+	return "", false, nil
+}
+
+// deleteByGUID deletes the lock node carrying guid, retrying until it is
+// gone, the session that could own it has ended, or the driver is closed.
+func (d *Driver) deleteByGUID(parent, guid string) {
+	for d.ctx.Err() == nil {
+		p, found, err := d.findByGUID(parent, guid)
+		switch {
+		case err == nil && !found, errors.Is(err, zk.ErrNoNode):
+			return
+		case err == nil:
+			d.deleteNode(p)
+			return
+		}
+		select {
+		case <-d.ctx.Done():
+		case <-time.After(retryPause):
+		}
+	}
+}
+
+// deleteNode deletes path (any version), retrying after connection losses;
+// it gives up when the node or its session is gone or the driver is closed.
+func (d *Driver) deleteNode(path string) {
+	for d.ctx.Err() == nil {
+		err := d.conn.Delete(path, -1)
+		if err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrSessionExpired) || errors.Is(err, zk.ErrClosing) {
+			return
+		}
+		select {
+		case <-d.ctx.Done():
+		case <-time.After(retryPause):
+		}
+	}
+}
+
+// abandon deletes our node, for an acquire that failed or was cancelled
+// after the create: at once if the server answers within cleanupTimeout,
+// else in the background until it is gone or the session is.
+func (d *Driver) abandon(node string) {
+	ctx, cancel := context.WithTimeout(d.ctx, cleanupTimeout)
+	defer cancel()
+	err := d.do(ctx, func() error { return d.conn.Delete(node, -1) })
+	if err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrSessionExpired) {
+		return
+	}
+	d.bg.Go(func() { d.deleteNode(node) })
+}
+
+// position lists parent's children and returns the name of the node just
+// ahead of ours ("" if we are first); mine reports whether ours is there.
+// Another node carrying our GUID (a create that committed after protection
+// mode's search had missed it) is ours too: it is deleted, not waited for.
+func (d *Driver) position(ctx context.Context, parent, node string) (pred string, mine bool, err error) {
+	var kids []string
+	err = d.read(ctx, func() (err error) {
+		kids, _, err = d.conn.Children(parent)
+		return err
+	})
+	if err != nil {
+		return "", false, err
+	}
+	me := node[len(parent)+1:]
+	mySeq, _ := seq(me)
+	guid := me[:min(len(me), len(protectedPrefix)+32)]
+	var predSeq int32
+	for _, k := range kids {
+		switch {
+		case k == me:
+			mine = true
+			continue
+		case strings.HasPrefix(k, guid):
+			d.bg.Go(func() { d.deleteNode(parent + "/" + k) })
+			continue
+		}
+		if s, ok := seq(k); ok && before(s, mySeq) && (pred == "" || before(predSeq, s)) {
+			pred, predSeq = k, s
+		}
+	}
+	return pred, mine, nil
+}
+
+// grant turns our node, now first in the queue, into a lease: it reads the
+// node's czxid (the token), which also proves the node (and so our session)
+// is still there, and sets the watch that tells the lease of its loss. The
+// lease's TTL counts from when that read was sent: the session cannot
+// expire sooner than a session timeout after the server received it.
+func (d *Driver) grant(ctx context.Context, node string, ttl time.Duration) (*lease, error) {
+	var (
+		stat *zk.Stat
+		ev   <-chan zk.Event
+		sent time.Time
+	)
+	err := d.read(ctx, func() (err error) {
+		sent = time.Now()
+		_, stat, ev, err = d.conn.GetW(node)
+		return err
+	})
+	switch {
+	case errors.Is(err, zk.ErrNoNode):
+		return nil, fmt.Errorf("%w: zookeeper: the lock node vanished before the grant (session expired?)", backend.ErrUnavailable)
+	case err != nil:
+		return nil, unavailable("reading the lock node", err)
+	}
+	return d.newLease(node, uint64(stat.Czxid), ttl, sent, ev), nil
+}
+
+// TryAcquire joins the queue and, unless first, leaves it at once.
+func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+	parent := d.parent(key)
+	node, err := d.create(ctx, parent)
+	if err != nil {
+		return nil, d.acquireErr(ctx, err)
+	}
+	pred, mine, err := d.position(ctx, parent, node)
+	switch {
+	case err != nil:
+		d.abandon(node)
+		return nil, d.acquireErr(ctx, unavailable("listing the queue", err))
+	case !mine:
+		return nil, fmt.Errorf("%w: zookeeper: the lock node vanished (session expired?)", backend.ErrUnavailable)
+	case pred != "":
+		d.abandon(node)
+		return nil, &backend.HeldError{}
+	}
+	l, err := d.grant(ctx, node, ttl)
+	if err != nil {
+		d.abandon(node)
+		return nil, d.acquireErr(ctx, err)
+	}
+	return l, nil
+}
+
+// Acquire joins key's queue and waits until every node ahead of ours is
+// gone, watching only its immediate predecessor. On error or cancellation
+// our node is deleted.
+func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+	parent := d.parent(key)
+	node, err := d.create(ctx, parent)
+	if err != nil {
+		return nil, d.acquireErr(ctx, err)
+	}
+	for {
+		pred, mine, err := d.position(ctx, parent, node)
+		if err != nil {
+			d.abandon(node)
+			return nil, d.acquireErr(ctx, unavailable("listing the queue", err))
+		}
+		if !mine {
+			return nil, fmt.Errorf("%w: zookeeper: the waiter's node vanished while queued (session expired?)", backend.ErrUnavailable)
+		}
+		if pred == "" {
+			break
+		}
+		// GetW, not ExistsW: on a missing node ExistsW would leave a
+		// watch for its creation, which never comes.
+		var ev <-chan zk.Event
+		err = d.read(ctx, func() (err error) {
+			_, _, ev, err = d.conn.GetW(parent + "/" + pred)
+			return err
+		})
+		if errors.Is(err, zk.ErrNoNode) {
+			continue // gone already
+		}
+		if err != nil {
+			d.abandon(node)
+			return nil, d.acquireErr(ctx, unavailable("watching the predecessor", err))
+		}
+		select {
+		case <-ev: // deleted, or the watch ended: look again
+		case <-ctx.Done():
+			d.abandon(node)
+			return nil, d.acquireErr(ctx, ctx.Err())
+		}
+	}
+	l, err := d.grant(ctx, node, ttl)
+	if err != nil {
+		d.abandon(node)
+		return nil, d.acquireErr(ctx, err)
+	}
+	return l, nil
+}
+
+// acquireErr is the error of an acquire that failed with err. When ctx
+// ended it matches ErrNotAcquired and ctx.Err(); it also matches
+// ErrUnavailable when the deadline passed while a request went unanswered
+// (the ensemble did not answer in time), but not for a plain cancellation
+// or a deadline reached while queued.
+func (d *Driver) acquireErr(ctx context.Context, err error) error {
+	cerr := ctx.Err()
+	switch {
+	case cerr == nil || !errors.Is(err, cerr):
+		return err
+	case cerr == context.DeadlineExceeded && errors.Is(err, backend.ErrUnavailable):
+		return fmt.Errorf("%w: %w", backend.ErrNotAcquired, err)
+	}
+	return fmt.Errorf("%w: %w", backend.ErrNotAcquired, cerr)
+}
+
+// unavailable wraps a ZooKeeper client error.
+func unavailable(doing string, err error) error {
+	return fmt.Errorf("%w: zookeeper: %s: %w", backend.ErrUnavailable, doing, err)
+}
