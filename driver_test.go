@@ -221,3 +221,78 @@ func TestAbandonedLeasesAreSwept(t *testing.T) {
 		t.Errorf("%d leases still listed; want the 10 expired ones swept", n)
 	}
 }
+
+// failingDriver fails its first fail acquire attempts with ErrUnavailable,
+// as a backend whose network drops a request now and then; it counts them.
+type failingDriver struct {
+	backend.Driver
+	fail     int32
+	attempts atomic.Int32
+}
+
+func (d *failingDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+	if d.attempts.Add(1) <= d.fail {
+		return nil, fmt.Errorf("%w: request dropped", backend.ErrUnavailable)
+	}
+	return d.Driver.TryAcquire(ctx, key, ttl)
+}
+
+// Acquire rides out failed attempts fewer than FailedAttempts in a row,
+// gives up on the backend after FailedAttempts, and TryAcquire reports the
+// first failure.
+func TestAcquireRetriesFailedAttempts(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		fail     int32
+		try      bool
+		wantErr  bool
+		attempts int32
+	}{
+		{"Acquire, transient", dlock.FailedAttempts - 1, false, false, dlock.FailedAttempts},
+		{"Acquire, persistent", 100, false, true, dlock.FailedAttempts},
+		{"TryAcquire", 1, true, true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &failingDriver{Driver: memory.NewDriver(memory.NewStore()), fail: tc.fail}
+			l := dlock.New(d, nil)
+			defer l.Close()
+			acquire := l.Acquire
+			if tc.try {
+				acquire = l.TryAcquire
+			}
+			le, err := acquire(t.Context(), "k", nil)
+			if got := d.attempts.Load(); got != tc.attempts {
+				t.Errorf("%d attempts, want %d", got, tc.attempts)
+			}
+			if !tc.wantErr {
+				if err != nil {
+					t.Fatalf("= %v, want the lock after %d failed attempts", err, tc.fail)
+				}
+				if err := le.Release(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if !errors.Is(err, dlock.ErrUnavailable) || errors.Is(err, dlock.ErrNotAcquired) {
+				t.Fatalf("= %v, %v; want ErrUnavailable (and not ErrNotAcquired)", le, err)
+			}
+		})
+	}
+}
+
+// When ctx ends while Acquire backs off from a failed attempt, the error
+// says both: the deadline, and the backend's failure.
+func TestAcquireDeadlineAfterFailedAttempt(t *testing.T) {
+	d := &failingDriver{Driver: memory.NewDriver(memory.NewStore()), fail: 100}
+	l := dlock.New(d, &dlock.Options{RetryMin: time.Second, RetryMax: time.Second})
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	_, err := l.Acquire(ctx, "k", nil)
+	if !errors.Is(err, dlock.ErrUnavailable) || !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire = %v; want ErrUnavailable, ErrNotAcquired and DeadlineExceeded", err)
+	}
+	if got := d.attempts.Load(); got != 1 {
+		t.Errorf("%d attempts, want 1 (the deadline came during the back-off)", got)
+	}
+}

@@ -64,6 +64,10 @@ const MaxKeyLen = backend.MaxKeyLen
 // have a higher floor.
 const MinTTL = 10 * time.Millisecond
 
+// FailedAttempts is how many attempts in a row must fail with ErrUnavailable
+// before Acquire gives up on the backend (see Acquire).
+const FailedAttempts = 3
+
 // Defaults used where Options or AcquireOptions leave a field zero.
 const (
 	DefaultTTL         = 30 * time.Second
@@ -223,6 +227,14 @@ func (l *Locker) As(target any) bool {
 // it is held, ctx ends, the Locker is closed, or the backend fails. When ctx
 // ends first the error matches both ErrNotAcquired and ctx.Err(), and nothing
 // is left behind on the server.
+//
+// A backend fails when FailedAttempts attempts in a row end with
+// ErrUnavailable: a single failed attempt (a dropped connection, a Redlock
+// round whose majority did not answer within the per-node timeout) is tried
+// again after a short jittered delay, as the Redlock algorithm prescribes,
+// and only a failure that persists ends the wait. Backends that queue
+// waiters themselves (etcd, ZooKeeper) retry in their clients and report a
+// failure at once. TryAcquire makes one attempt and reports its failure.
 func (l *Locker) Acquire(ctx context.Context, key string, opts *AcquireOptions) (*Lease, error) {
 	return l.acquire(ctx, "acquire", key, opts, true)
 }
@@ -253,9 +265,24 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 		lease *Lease
 		err   error
 	)
+	// failures counts the attempts in a row that ended with a backend
+	// failure; goOn reports whether the wait goes on after an attempt
+	// that ended with err.
+	failures := 0
+	goOn := func(ctx context.Context, err error) bool {
+		switch {
+		case errors.Is(err, ErrNotAcquired):
+			failures = 0
+			return true
+		case errors.Is(err, ErrUnavailable) && ctx.Err() == nil:
+			failures++
+			return failures < FailedAttempts
+		}
+		return false
+	}
 	if !wait || queuer == nil {
 		lease, err = l.try(ctx, key, &ao, l.drv.TryAcquire)
-		if err == nil || !wait || !errors.Is(err, ErrNotAcquired) {
+		if err == nil || !wait || !goOn(ctx, err) {
 			return lease, l.acquireErr(ctx, op, key, err)
 		}
 	}
@@ -301,12 +328,18 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 			}
 		}
 		if !watched {
-			if err := sleep(ctx, l.retryDelay(attempt, retryAfter, wake != nil), wake); err != nil {
+			delay := l.retryDelay(attempt, retryAfter, wake != nil)
+			if failures > 0 {
+				// Back off from a failure; a release would not end it.
+				delay = l.retryDelay(failures-1, 0, false)
+			}
+			if sleep(ctx, delay, wake) != nil {
+				// Report the last attempt's error with ctx's.
 				return nil, l.acquireErr(ctx, op, key, err)
 			}
 		}
 		lease, err = l.try(ctx, key, &ao, l.drv.TryAcquire)
-		if err == nil || !errors.Is(err, ErrNotAcquired) {
+		if err == nil || !goOn(ctx, err) {
 			return lease, l.acquireErr(ctx, op, key, err)
 		}
 	}
