@@ -193,7 +193,7 @@ func TestPauseScenario(t *testing.T) {
 		"redis":     "redis://" + servers.Redis(t, 1)[0].Addr(),
 		"etcd":      "etcd://" + servers.Etcd(t, 1).Endpoints()[0],
 		"zookeeper": "zk://" + servers.ZooKeeper(t, 1).Servers()[0],
-		"redlock":   "redlock://" + redlockNodes(t),
+		"redlock":   "redlock://" + redlockNodes(t) + "?node_timeout=250ms",
 	}
 	for backend, u := range lockURLs {
 		t.Run(backend, func(t *testing.T) {
@@ -298,7 +298,9 @@ func TestConcurrentWriters(t *testing.T) {
 }
 
 // redlockNodes lists three of the package's shared Redis servers, as the
-// nodes of a Redlock URL.
+// nodes of a Redlock URL. The tests' URLs raise node_timeout above its 50ms
+// default: under -race, on a loaded CI machine, a healthy node can take
+// longer to answer.
 func redlockNodes(t *testing.T) string {
 	var addrs []string
 	for _, s := range servers.Redis(t, 3) {

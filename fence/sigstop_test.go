@@ -127,7 +127,7 @@ func TestPausedProcess(t *testing.T) {
 		"redis":     "redis://" + servers.Redis(t, 1)[0].Addr() + "?ttl=1s",
 		"etcd":      "etcd://" + servers.Etcd(t, 1).Endpoints()[0] + "?ttl=2s",
 		"zookeeper": "zk://" + servers.ZooKeeper(t, 1).Servers()[0] + "?ttl=2s&session_timeout=2s",
-		"redlock":   "redlock://" + redlockNodes(t) + "?ttl=1s",
+		"redlock":   "redlock://" + redlockNodes(t) + "?ttl=1s&node_timeout=250ms",
 	}
 	for backend, u := range lockURLs {
 		t.Run(backend, func(t *testing.T) {

@@ -29,7 +29,7 @@ func fiveNodes(t *testing.T) []*servers.Server {
 
 func newLocker(t *testing.T, ss []*servers.Server) *dlock.Locker {
 	t.Helper()
-	l, err := redlock.New(t.Context(), clients(t, addrs(ss)), nil)
+	l, err := redlock.New(t.Context(), clients(t, addrs(ss)), &redlock.Options{NodeTimeout: testNodeTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +218,7 @@ func TestMinorityFrozen(t *testing.T) {
 		t.Fatalf("TryAcquire with 2 of 5 frozen: %v", err)
 	}
 	left := time.Until(le.Deadline())
-	if most := ttl - redlock.DefaultNodeTimeout; left > most {
+	if most := ttl - min(testNodeTimeout, ttl/10); left > most {
 		t.Errorf("validity left after waiting out the frozen nodes: %v, want at most %v", left, most)
 	}
 	t.Logf("2 of 5 frozen: granted, %v of the %v TTL left", left.Round(time.Millisecond), ttl)

@@ -22,6 +22,12 @@ func TestMain(m *testing.M) { servers.Main(m) }
 
 // clients returns one client per address, closed when tb ends. They honour
 // context deadlines on the socket, as Redlock's per-node timeouts need.
+// testNodeTimeout is the per-node timeout of the tests' lockers, above the
+// 50ms default: under -race, on a 2-core CI machine starting containers for
+// other tests, a round trip to a healthy node can take longer than 50ms.
+// An attempt's timeout stays capped at a tenth of its TTL.
+const testNodeTimeout = 250 * time.Millisecond
+
 func clients(tb testing.TB, addrs []string) []goredis.UniversalClient {
 	tb.Helper()
 	cs := make([]goredis.UniversalClient, len(addrs))
@@ -67,7 +73,7 @@ func (h *harness) NewLocker(ctx context.Context, opts *dlock.Options) (*dlock.Lo
 	h.mu.Lock()
 	h.made = append(h.made, cs)
 	h.mu.Unlock()
-	return redlock.New(ctx, cs, &redlock.Options{Locker: opts})
+	return redlock.New(ctx, cs, &redlock.Options{Locker: opts, NodeTimeout: testNodeTimeout})
 }
 
 func (h *harness) Expire(ctx context.Context, key string) error {
