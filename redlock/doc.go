@@ -22,7 +22,9 @@
 //   - The dlock layer retries after a jittered delay (so competing clients
 //     do not split the vote forever), bounded by the caller's context. A
 //     lock held by others is reported as ErrNotAcquired; when too few nodes
-//     answer to tell, the attempt fails with ErrUnavailable.
+//     answer to tell, the attempt fails with ErrUnavailable, which ends
+//     TryAcquire, while Acquire tries again and gives up only after
+//     dlock.FailedAttempts such rounds in a row.
 //   - Release is a compare-and-delete on all nodes.
 //   - Refresh is a compare-and-PEXPIRE on all nodes: it never re-creates a
 //     lapsed key (that would be a new acquire) and counts only with a
