@@ -1,0 +1,196 @@
+package redlock_test
+
+import (
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/redisscript"
+	"github.com/dlock-go/dlock/redlock"
+)
+
+// slowLink is a TCP proxy on loopback that delays every byte, in each
+// direction, by a latency set with slow: a slow network in front of one
+// node. The delay is the same for all connections, so bytes stay in order
+// across connections too.
+type slowLink struct {
+	ln      net.Listener
+	to      string
+	latency atomic.Int64 // nanoseconds
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	conns   []net.Conn
+}
+
+func newSlowLink(t *testing.T, to string) *slowLink {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &slowLink{ln: ln, to: to}
+	p.wg.Add(1)
+	go p.serve()
+	t.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *slowLink) Addr() string { return p.ln.Addr().String() }
+
+// slow delays what is sent from now on by d, each way.
+func (p *slowLink) slow(d time.Duration) { p.latency.Store(int64(d)) }
+
+func (p *slowLink) serve() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.to)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go p.pipe(s, c)
+		go p.pipe(c, s)
+	}
+}
+
+// pipe copies from src to dst, each chunk written latency after it was
+// read. Both ends are closed when either fails.
+func (p *slowLink) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	type chunk struct {
+		due  time.Time
+		data []byte
+	}
+	ch := make(chan chunk, 1024)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ck := range ch {
+			time.Sleep(time.Until(ck.due))
+			if _, err := dst.Write(ck.data); err != nil {
+				break
+			}
+		}
+		dst.Close()
+		src.Close()
+		for range ch { // let the reader finish
+		}
+	}()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			ch <- chunk{time.Now().Add(time.Duration(p.latency.Load())), append([]byte(nil), buf[:n]...)}
+		}
+		if err != nil {
+			// What was sent before the sender went away is still
+			// delivered, as over a real network.
+			break
+		}
+	}
+	close(ch)
+	<-done
+}
+
+// TestMajoritySlow: three of five nodes sit behind a link whose latency
+// (each way) is longer than the TTL. Their answers come too late to count:
+// TryAcquire returns no lease (ErrUnavailable), and the keys the late SETs
+// made on the slow nodes are deleted again by the release sent on all
+// nodes, so nothing is left once the slow link has delivered everything.
+func TestMajoritySlow(t *testing.T) {
+	t.Parallel()
+	const (
+		ttl     = 500 * time.Millisecond     // per-node timeout: a tenth, 50ms
+		latency = ttl + 100*time.Millisecond // each way
+	)
+	ss := fiveNodes(t)
+	nodes := addrs(ss)
+	var links []*slowLink
+	for i := 2; i < 5; i++ {
+		links = append(links, newSlowLink(t, nodes[i]))
+		nodes[i] = links[len(links)-1].Addr()
+	}
+	cs := clients(t, nodes)
+	l, err := redlock.New(t.Context(), cs, &redlock.Options{NodeTimeout: testNodeTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	// Put two open connections in each node's pool while the links are
+	// fast (New has loaded the scripts): go-redis drops a connection whose
+	// command timed out, and a new connection's handshake over a slow link
+	// would not finish within the per-node timeout, so the release (on the
+	// second connection) would not be sent at all.
+	for _, c := range cs {
+		c := c.(*goredis.Client)
+		c1, c2 := c.Conn(), c.Conn() // held at once: two connections
+		for _, cn := range []*goredis.Conn{c1, c2} {
+			if err := cn.Ping(t.Context()).Err(); err != nil {
+				t.Fatalf("opening a connection: %v", err)
+			}
+		}
+		c1.Close() // back to the pool
+		c2.Close()
+		if n := c.PoolStats().IdleConns; n < 2 {
+			t.Fatalf("%d idle connections in the pool, want 2", n)
+		}
+	}
+	for _, p := range links {
+		p.slow(latency)
+	}
+	key := uniqueKey(t)
+	begin := time.Now()
+	le, err := l.TryAcquire(t.Context(), key, &dlock.AcquireOptions{TTL: ttl})
+	took := time.Since(begin)
+	if err == nil {
+		t.Fatalf("TryAcquire with 3 of 5 behind a %v link returned a lease (%v of validity left)", latency, time.Until(le.Deadline()))
+	}
+	if !errors.Is(err, dlock.ErrUnavailable) {
+		t.Errorf("TryAcquire with 3 of 5 slow = %v, want ErrUnavailable", err)
+	}
+	if took >= latency {
+		// The attempt is cut at the per-node timeout, then waits at
+		// most max(NodeTimeout, 100ms) for the release.
+		t.Errorf("the attempt took %v: it waited for the slow nodes' %v answers", took, latency)
+	}
+	t.Logf("3 of 5 behind a %v link: %v after %v", latency, err, took.Round(time.Millisecond))
+
+	// The slow nodes get the SET at latency and the release, sent about
+	// 50ms later, at latency+50ms; the SET's key would expire by itself
+	// at latency+ttl. Look in between, so that this shows the release
+	// removed it.
+	direct := clients(t, addrs(ss))
+	time.Sleep(time.Until(begin.Add(latency + ttl/2)))
+	for i, c := range direct {
+		if n, err := c.Exists(t.Context(), lockKey(key)).Result(); err != nil || n != 0 {
+			t.Errorf("node %d: key left behind (exists=%d, err %v)", i, n, err)
+		}
+		// The fencing counter, which stays, shows that the late SET
+		// did reach the slow nodes: the release had something to do.
+		if n, err := c.Exists(t.Context(), lockKey(key)+redisscript.FenceSuffix).Result(); i >= 2 && (err != nil || n != 1) {
+			t.Errorf("slow node %d: no fencing counter (exists=%d, err %v): the late SET never arrived", i, n, err)
+		}
+	}
+}
