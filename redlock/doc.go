@@ -70,6 +70,13 @@
 // cuts a slow round trip on the socket (New refuses a *goredis.Client
 // without it). Clients built from a URL have it set.
 //
+// go-redis closes a connection whose command timed out. Over a link slower
+// than the per-node timeout, a new connection's handshake does not finish
+// in time either, so the release after a failed attempt reaches a slow node
+// only on a connection already open in the pool; otherwise the key the late
+// SET made there stays until its TTL (it only delays later grants, as a
+// lock held by nobody would).
+//
 // # URL
 //
 //	redlock://[[user]:password@]h1:6379,h2:6379,h3:6379[/db]?ttl=10s&prefix=dlock:&drift_factor=0.01&node_timeout=50ms
