@@ -39,6 +39,8 @@
 // shared servers. A test that changes a server's state (Stop, Kill, Pause)
 // should start its own servers with [StartRedis], [StartEtcd],
 // [StartZooKeeper] or [StartPostgres] instead, and Terminate them.
+// [StartEtcdTLS] starts etcd serving clients over TLS, with a CA made for
+// the cluster.
 //
 // Redis servers are independent of each other. Each member of an etcd
 // cluster is a [Server] too, so the same fault controls apply to it; a member

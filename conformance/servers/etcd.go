@@ -2,10 +2,19 @@ package servers
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
+	"math/big"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // etcdKind: an etcd cluster member. Its data directory is inside the
@@ -66,7 +75,8 @@ var etcdKind = &kind{
 }
 
 // EtcdCluster is an etcd cluster (version 3.7 by default) whose members run
-// in containers of their own, without TLS or authentication.
+// in containers of their own, without authentication, and without TLS
+// unless started by [StartEtcdTLS].
 //
 // Each member is a [Server], so the fault controls work on members; a member
 // brought back by [Server.Start] after Stop or Kill rejoins with its data.
@@ -77,6 +87,10 @@ type EtcdCluster struct {
 	// Members are the cluster's members (named etcd0, etcd1, ... in etcd).
 	// Server.Addr of a member is its client endpoint.
 	Members []*Server
+
+	// CAPEM is the PEM certificate of the CA that issued the members'
+	// server certificate, for a cluster from [StartEtcdTLS]; nil otherwise.
+	CAPEM []byte
 
 	g *group
 }
@@ -117,6 +131,88 @@ func StartEtcd(ctx context.Context, n int) (*EtcdCluster, error) {
 		return nil, err
 	}
 	return newEtcdCluster(g), nil
+}
+
+// StartEtcdTLS starts an etcd cluster as [StartEtcd] does, serving clients
+// over TLS (members talk to each other in plain HTTP). The server
+// certificate, for 127.0.0.1 and localhost, is issued by a CA made for this
+// cluster; its certificate is the cluster's CAPEM, for the clients to trust.
+func StartEtcdTLS(ctx context.Context, n int) (*EtcdCluster, error) {
+	const certFile, keyFile = "/etc/dlock-etcd-server.pem", "/etc/dlock-etcd-server-key.pem"
+	ca, cert, key, err := newTLSCert()
+	if err != nil {
+		return nil, err
+	}
+	k := *etcdKind
+	k.files = map[string][]byte{certFile: cert, keyFile: key}
+	k.cmd = func(p *plan, i int) []string {
+		args := etcdKind.cmd(p, i)
+		for j, a := range args {
+			if strings.HasPrefix(a, "--listen-client-urls=") || strings.HasPrefix(a, "--advertise-client-urls=") {
+				args[j] = strings.Replace(a, "=http://", "=https://", 1)
+			}
+		}
+		return append(args, "--cert-file="+certFile, "--key-file="+keyFile)
+	}
+	g, err := startCluster(ctx, &k, n)
+	if err != nil {
+		return nil, err
+	}
+	c := newEtcdCluster(g)
+	c.CAPEM = ca
+	return c, nil
+}
+
+// newTLSCert makes a CA and a server certificate it issued for 127.0.0.1
+// and localhost, valid for a day, and returns them and the server's key in
+// PEM.
+func newTLSCert() (caPEM, certPEM, keyPEM []byte, err error) {
+	fail := func(err error) ([]byte, []byte, []byte, error) {
+		return nil, nil, nil, fmt.Errorf("servers: making a test certificate: %w", err)
+	}
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fail(err)
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "dlock test CA"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(24 * time.Hour),
+		IsCA:                  true,
+		KeyUsage:              x509.KeyUsageCertSign,
+		BasicConstraintsValid: true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return fail(err)
+	}
+	srvKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fail(err)
+	}
+	srvTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2),
+		Subject:      pkix.Name{CommonName: "localhost"},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:     []string{"localhost"},
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+	}
+	srvDER, err := x509.CreateCertificate(rand.Reader, srvTmpl, caTmpl, &srvKey.PublicKey, caKey)
+	if err != nil {
+		return fail(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(srvKey)
+	if err != nil {
+		return fail(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srvDER}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
 }
 
 // Etcd returns the test package's shared etcd cluster of exactly n members.

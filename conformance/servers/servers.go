@@ -1,6 +1,7 @@
 package servers
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -71,6 +72,9 @@ type kind struct {
 	// first (for example "SIGINT"), instead of the image's STOPSIGNAL
 	// (SIGTERM unless the image says otherwise; stand-in images say nothing).
 	stopSignal string
+	// files are copied into each container before it starts: path in the
+	// container → content (mode 0644).
+	files map[string][]byte
 }
 
 // literal returns a kind.readyLog for a fixed line.
@@ -495,6 +499,11 @@ func tryStart(ctx context.Context, k *kind, mode string, p *plan, i int, nw *tes
 	opts := []testcontainers.ContainerCustomizer{
 		testcontainers.WithLabels(containerLabels(k)),
 		testcontainers.WithCmd(k.cmd(p, i)...),
+	}
+	for path, b := range k.files { // fresh readers: a start may be retried
+		opts = append(opts, testcontainers.WithFiles(testcontainers.ContainerFile{
+			Reader: bytes.NewReader(b), ContainerFilePath: path, FileMode: 0o644,
+		}))
 	}
 	if k.stopSignal != "" {
 		opts = append(opts, testcontainers.WithConfigModifier(func(cfg *container.Config) {
