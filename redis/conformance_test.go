@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,20 +11,28 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance"
+	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/redis"
 )
 
-// harness runs the conformance suite on the package's Redis container.
-// Each Locker gets its own client, as a separate process would.
+// harness runs the conformance suite on a Redis container. Each Locker
+// gets its own client, as a separate process would: a plain client, or the
+// one newClient makes.
 type harness struct {
-	admin *goredis.Client
+	admin     *goredis.Client
+	newClient func() goredis.UniversalClient
 
 	mu      sync.Mutex
-	clients []*goredis.Client
+	clients []goredis.UniversalClient
 }
 
 func (h *harness) NewLocker(ctx context.Context, opts *dlock.Options) (*dlock.Locker, error) {
-	c := goredis.NewClient(&goredis.Options{Addr: h.admin.Options().Addr})
+	var c goredis.UniversalClient
+	if h.newClient != nil {
+		c = h.newClient()
+	} else {
+		c = goredis.NewClient(&goredis.Options{Addr: h.admin.Options().Addr})
+	}
 	l, err := redis.New(ctx, c, &redis.Options{Locker: opts})
 	if err != nil {
 		_ = c.Close()
@@ -70,5 +79,34 @@ func TestConformance(t *testing.T) {
 	addr := serverAddr(t)
 	conformance.Run(t, func(ctx context.Context, t *testing.T) (conformance.Harness, error) {
 		return &harness{admin: goredis.NewClient(&goredis.Options{Addr: addr})}, nil
+	})
+}
+
+// TestConformanceCluster runs the suite through go-redis ClusterClients on a
+// server in cluster mode, which refuses (CROSSSLOT) a script whose lock and
+// counter keys are not in one hash slot.
+func TestConformanceCluster(t *testing.T) {
+	s, err := servers.StartRedisCluster(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Terminate(context.WithoutCancel(t.Context())) })
+	addr := s.Addr()
+	// The one node serves every slot (see servers.StartRedisCluster).
+	slots := func(context.Context) ([]goredis.ClusterSlot, error) {
+		return []goredis.ClusterSlot{{Start: 0, End: 16383, Nodes: []goredis.ClusterNode{{Addr: addr}}}}, nil
+	}
+	newClient := func() goredis.UniversalClient {
+		return goredis.NewClusterClient(&goredis.ClusterOptions{ClusterSlots: slots})
+	}
+	probe := newClient()
+	defer probe.Close()
+	lk := lockKey("crossslot-probe")
+	err = probe.Eval(t.Context(), "return redis.call('GET', KEYS[1])", []string{lk, "elsewhere"}).Err()
+	if err == nil || !strings.Contains(err.Error(), "CROSSSLOT") {
+		t.Fatalf("a script over two slots = %v; want CROSSSLOT (is the server in cluster mode?)", err)
+	}
+	conformance.Run(t, func(ctx context.Context, t *testing.T) (conformance.Harness, error) {
+		return &harness{admin: goredis.NewClient(&goredis.Options{Addr: addr}), newClient: newClient}, nil
 	})
 }
