@@ -2,6 +2,7 @@ package servers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -58,21 +59,7 @@ func StartRedisCluster(ctx context.Context) (*Server, error) {
 		return nil, err
 	}
 	s := ss[0]
-	port := strconv.Itoa(k.ports[0]) // the port inside the container
-	if s.host {
-		port = strconv.Itoa(s.hostPort)
-	}
-	cli := func(args ...string) (string, error) {
-		code, r, err := s.c.Exec(ctx, append([]string{"redis-cli", "-p", port}, args...), tcexec.Multiplexed())
-		if err != nil {
-			return "", err
-		}
-		out, err := io.ReadAll(r)
-		if err == nil && code != 0 {
-			err = fmt.Errorf("exit status %d", code)
-		}
-		return string(out), err
-	}
+	cli := func(args ...string) (string, error) { return s.redisCLI(ctx, args...) }
 	fail := func(err error) (*Server, error) {
 		_ = s.Terminate(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("servers: redis cluster: %w", err)
@@ -80,15 +67,123 @@ func StartRedisCluster(ctx context.Context) (*Server, error) {
 	if out, err := cli("CLUSTER", "ADDSLOTSRANGE", "0", "16383"); err != nil || !strings.Contains(out, "OK") {
 		return fail(fmt.Errorf("CLUSTER ADDSLOTSRANGE: %q, %v", out, err))
 	}
+	if err := s.awaitCLI(ctx, "cluster_state:ok", "CLUSTER", "INFO"); err != nil {
+		return fail(err)
+	}
+	return s, nil
+}
+
+// awaitCLI runs redis-cli args against s until its output contains want.
+func (s *Server) awaitCLI(ctx context.Context, want string, args ...string) error {
 	for deadline := time.Now().Add(startupTimeout); ; time.Sleep(50 * time.Millisecond) {
-		out, err := cli("CLUSTER", "INFO")
-		if err == nil && strings.Contains(out, "cluster_state:ok") {
-			return s, nil
+		out, err := s.redisCLI(ctx, args...)
+		if err == nil && strings.Contains(out, want) {
+			return nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fail(fmt.Errorf("cluster state not ok after %v: %q, %v", startupTimeout, out, err))
+			return fmt.Errorf("redis-cli %s: no %q after %v: %q, %v", strings.Join(args, " "), want, startupTimeout, out, err)
 		}
 	}
+}
+
+// RedisSentinel is a Redis primary with one replica, watched by one Sentinel
+// (quorum 1, primary deemed down after 1s), for failover tests. Clients
+// find the primary through the Sentinel, under MasterName.
+type RedisSentinel struct {
+	Primary, Replica, Sentinel *Server
+	MasterName                 string
+}
+
+// Terminate removes the three containers.
+func (r *RedisSentinel) Terminate(ctx context.Context) error {
+	return errors.Join(r.Sentinel.Terminate(ctx), r.Replica.Terminate(ctx), r.Primary.Terminate(ctx))
+}
+
+// StartRedisSentinel starts a primary, a replica that has synced with it,
+// and a Sentinel that knows both, so that killing the primary promotes the
+// replica. It needs host networking (DLOCK_TEST_NETWORK=host): the servers
+// announce their addresses to each other, and in bridge mode those would be
+// the containers' private addresses. The caller owns the servers and should
+// Terminate them.
+func StartRedisSentinel(ctx context.Context) (_ *RedisSentinel, err error) {
+	const name = "dlock"
+	if mode, err := networkMode(); err != nil {
+		return nil, err
+	} else if mode != networkHost {
+		return nil, fmt.Errorf("servers: a Redis Sentinel set-up needs %s=%s", envNetwork, networkHost)
+	}
+	r := &RedisSentinel{MasterName: name}
+	defer func() {
+		if err != nil {
+			for _, s := range []*Server{r.Sentinel, r.Replica, r.Primary} {
+				if s != nil {
+					_ = s.Terminate(context.WithoutCancel(ctx))
+				}
+			}
+			err = fmt.Errorf("servers: redis sentinel: %w", err)
+		}
+	}()
+	ss, err := start(ctx, redisKind, 1)
+	if err != nil {
+		return nil, err
+	}
+	r.Primary = ss[0]
+	primaryPort := strconv.Itoa(r.Primary.hostPort)
+
+	replica := *redisKind
+	replica.cmd = func(p *plan, i int) []string {
+		return append(redisKind.cmd(p, i), "--replicaof", "127.0.0.1", primaryPort)
+	}
+	if ss, err = start(ctx, &replica, 1); err != nil {
+		return nil, err
+	}
+	r.Replica = ss[0]
+	if err := r.Replica.awaitCLI(ctx, "master_link_status:up", "INFO", "replication"); err != nil {
+		return nil, err
+	}
+
+	// Sentinel rewrites its configuration file, so it is written by the
+	// container's shell (as the user that runs the server) rather than
+	// copied in.
+	sentinel := *redisKind
+	sentinel.cmd = func(p *plan, i int) []string {
+		m := p.members[i]
+		conf := strings.Join([]string{
+			"sentinel monitor " + name + " 127.0.0.1 " + primaryPort + " 1",
+			"sentinel down-after-milliseconds " + name + " 1000",
+			"sentinel failover-timeout " + name + " 10000",
+		}, "\n")
+		return []string{"sh", "-c", "printf '" + conf + "\n' > /tmp/dlock-sentinel.conf && exec redis-server /tmp/dlock-sentinel.conf --sentinel" +
+			" --port " + strconv.Itoa(m.ports[0]) + " --bind " + m.bind + " --protected-mode no"}
+	}
+	sentinel.readyLog = literal("+monitor master " + name)
+	if ss, err = start(ctx, &sentinel, 1); err != nil {
+		return nil, err
+	}
+	r.Sentinel = ss[0]
+	replicaPort := strconv.Itoa(r.Replica.hostPort)
+	if err := r.Sentinel.awaitCLI(ctx, replicaPort, "SENTINEL", "REPLICAS", name); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// redisCLI runs redis-cli in s's container against s, and returns its
+// output.
+func (s *Server) redisCLI(ctx context.Context, args ...string) (string, error) {
+	port := strconv.Itoa(s.kind.ports[0]) // the port inside the container
+	if s.host {
+		port = strconv.Itoa(s.hostPort)
+	}
+	code, r, err := s.c.Exec(ctx, append([]string{"redis-cli", "-p", port}, args...), tcexec.Multiplexed())
+	if err != nil {
+		return "", err
+	}
+	out, err := io.ReadAll(r)
+	if err == nil && code != 0 {
+		err = fmt.Errorf("redis-cli %s: exit status %d: %s", strings.Join(args, " "), code, out)
+	}
+	return string(out), err
 }
 
 // Redis returns the test package's shared Redis servers, the first n of
