@@ -296,3 +296,81 @@ func TestAcquireDeadlineAfterFailedAttempt(t *testing.T) {
 		t.Errorf("%d attempts, want 1 (the deadline came during the back-off)", got)
 	}
 }
+
+// watchingFailingDriver is a failingDriver that can watch for releases, as
+// the Redis backend does. Its watch reports a (spurious) wake-up at once,
+// or, with block, blocks until ctx ends, as a subscription to a frozen
+// server would.
+type watchingFailingDriver struct {
+	failingDriver
+	block   bool
+	watches atomic.Int32
+}
+
+func (d *watchingFailingDriver) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+	d.watches.Add(1)
+	if d.block {
+		<-ctx.Done()
+		return nil, nil, ctx.Err()
+	}
+	ch := make(chan struct{}, 1)
+	ch <- struct{}{}
+	return ch, func() {}, nil
+}
+
+// After a failed attempt Acquire backs off without starting a watch (which
+// could hang on a frozen server or give up wake-ups for good), and a
+// wake-up does not cut the back-off short.
+func TestAcquireFailureDoesNotWatch(t *testing.T) {
+	for _, block := range []bool{false, true} {
+		t.Run(fmt.Sprint("block=", block), func(t *testing.T) {
+			d := &watchingFailingDriver{failingDriver: failingDriver{Driver: memory.NewDriver(memory.NewStore()), fail: 100}, block: block}
+			l := dlock.New(d, nil)
+			defer l.Close()
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			begin := time.Now()
+			_, err := l.Acquire(ctx, "k", nil)
+			took := time.Since(begin)
+			if !errors.Is(err, dlock.ErrUnavailable) || ctx.Err() != nil {
+				t.Fatalf("Acquire of a failing backend = %v after %v; want ErrUnavailable before the deadline", err, took)
+			}
+			if n := d.watches.Load(); n != 0 {
+				t.Errorf("%d watches started after failed attempts, want 0", n)
+			}
+			if n := d.attempts.Load(); n != dlock.FailedAttempts {
+				t.Errorf("%d attempts, want %d", n, dlock.FailedAttempts)
+			}
+			// Two back-offs of at least 25ms and 50ms.
+			if took < 75*time.Millisecond {
+				t.Errorf("gave up after %v: the back-off was cut short", took)
+			}
+		})
+	}
+}
+
+// Close during the back-off after a failed attempt ends Acquire with
+// ErrClosed (the Locker's doing), not ErrUnavailable.
+func TestCloseDuringFailureBackoff(t *testing.T) {
+	d := &failingDriver{Driver: memory.NewDriver(memory.NewStore()), fail: 100}
+	l := dlock.New(d, &dlock.Options{RetryMin: time.Minute, RetryMax: time.Minute})
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(t.Context(), "k", nil)
+		done <- err
+	}()
+	for d.attempts.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, dlock.ErrClosed) || errors.Is(err, dlock.ErrUnavailable) {
+			t.Errorf("Acquire closed during its back-off = %v; want ErrClosed only", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Acquire did not end when the Locker was closed")
+	}
+}

@@ -65,7 +65,10 @@ const MaxKeyLen = backend.MaxKeyLen
 const MinTTL = 10 * time.Millisecond
 
 // FailedAttempts is how many attempts in a row must fail with ErrUnavailable
-// before Acquire gives up on the backend (see Acquire).
+// before Acquire gives up on the backend (see Acquire). After a failure
+// Acquire backs off for 25–50ms, then 50–100ms (or longer with a larger
+// Options.RetryMin), so a persistent failure ends it within about 150ms plus
+// the attempts' own time.
 const FailedAttempts = 3
 
 // Defaults used where Options or AcquireOptions leave a field zero.
@@ -307,36 +310,41 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 		}
 	}()
 	waiter, _ := l.drv.(backend.Waiter)
-	for attempt := 0; ; attempt++ {
-		var retryAfter time.Duration
-		if held := (*backend.HeldError)(nil); errors.As(err, &held) {
-			retryAfter = held.RetryAfter
-		}
-		watched := false
-		if waiter != nil && wake == nil {
-			ch, stop, werr := waiter.Watch(ctx, key)
-			switch {
-			case werr == nil:
-				// Try again at once: the key may have been freed
-				// before the watch was in force.
-				wake, stopWatch, watched = ch, stop, true
-			case ctx.Err() != nil:
-				return nil, l.acquireErr(ctx, op, key, werr)
-			default:
-				l.log.Warn("dlock: cannot watch for releases; polling instead", "key", key, "err", werr)
-				waiter = nil
-			}
-		}
-		if !watched {
-			delay := l.retryDelay(attempt, retryAfter, wake != nil)
-			if failures > 0 {
-				// Back off from a failure; a release would not end it.
-				delay = l.retryDelay(failures-1, 0, false)
-			}
-			if sleep(ctx, delay, wake) != nil {
+	for attempt := 0; ; {
+		if failures > 0 {
+			// Back off from a failure, whatever a watch reports: a
+			// release does not end it.
+			if sleep(ctx, l.backoff(failureBackoff, failures-1), nil) != nil {
 				// Report the last attempt's error with ctx's.
 				return nil, l.acquireErr(ctx, op, key, err)
 			}
+		} else {
+			var retryAfter time.Duration
+			if held := (*backend.HeldError)(nil); errors.As(err, &held) {
+				retryAfter = held.RetryAfter
+			}
+			// Watch once the server has answered that the key is held.
+			watched := false
+			if waiter != nil && wake == nil {
+				ch, stop, werr := waiter.Watch(ctx, key)
+				switch {
+				case werr == nil:
+					// Try again at once: the key may have been
+					// freed before the watch was in force.
+					wake, stopWatch, watched = ch, stop, true
+				case ctx.Err() != nil:
+					return nil, l.acquireErr(ctx, op, key, werr)
+				default:
+					l.log.Warn("dlock: cannot watch for releases; polling instead", "key", key, "err", werr)
+					waiter = nil
+				}
+			}
+			if !watched {
+				if sleep(ctx, l.retryDelay(attempt, retryAfter, wake != nil), wake) != nil {
+					return nil, l.acquireErr(ctx, op, key, err)
+				}
+			}
+			attempt++
 		}
 		lease, err = l.try(ctx, key, &ao, l.drv.TryAcquire)
 		if err == nil || !goOn(ctx, err) {
@@ -347,9 +355,10 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 
 // acquireErr is the error of an acquire that ended with err (nil: success).
 // When ctx has ended, the error says so: ErrClosed if Close ended it, else
-// one that matches ErrNotAcquired and ctx.Err() (and ErrUnavailable as well
-// when the backend's last answer was a failure, or no answer by the
-// deadline; never for a cancellation).
+// one that matches ErrNotAcquired and ctx.Err(), and ErrUnavailable as well
+// when the last attempt failed (the backend's answer was a failure, or no
+// answer came by the deadline), unless a cancellation cut that attempt
+// short: that is the caller's doing, not the backend's.
 func (l *Locker) acquireErr(ctx context.Context, op, key string, err error) error {
 	switch {
 	case err == nil:
@@ -509,21 +518,37 @@ func (l *Locker) try(ctx context.Context, key string, ao *AcquireOptions, acquir
 // lease (when known). While a backend watch is in force the watch wakes us,
 // and the delay is only the fallback poll.
 func (l *Locker) retryDelay(attempt int, remaining time.Duration, watching bool) time.Duration {
-	d := l.opts.RetryMax
-	if !watching {
-		d = l.opts.RetryMin
-		for i := 0; i < attempt && d < l.opts.RetryMax; i++ {
-			d *= 2
-		}
-		d = min(d, l.opts.RetryMax)
+	var d time.Duration
+	if watching {
+		d = jitter(l.opts.RetryMax)
+	} else {
+		d = l.backoff(l.opts.RetryMin, attempt)
 	}
 	if remaining > 0 && remaining < d {
 		// The key expires by then: try right after.
 		return remaining + time.Millisecond
 	}
-	// Full jitter in [d/2, d): competing waiters spread out.
-	return d/2 + rand.N(d/2+1)
+	return d
 }
+
+// failureBackoff is the first delay after a failed attempt (or RetryMin, if
+// larger): long enough for a dropped connection to be re-established.
+const failureBackoff = 50 * time.Millisecond
+
+// backoff is the jittered delay before retry n (from 0): base doubled n
+// times, at most RetryMax (or base, if larger).
+func (l *Locker) backoff(base time.Duration, n int) time.Duration {
+	base = max(base, l.opts.RetryMin)
+	d := base
+	for i := 0; i < n && d < l.opts.RetryMax; i++ {
+		d *= 2
+	}
+	return jitter(min(d, max(l.opts.RetryMax, base)))
+}
+
+// jitter spreads d over [d/2, d] (full jitter), so that competing waiters
+// spread out.
+func jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 
 // margin is the part of a TTL not trusted, for drift between clocks.
 func (l *Locker) margin(ttl time.Duration) time.Duration {
