@@ -112,8 +112,9 @@
 // With [Options].WaitReplicas > 0, the acquire script and WAIT numreplicas
 // timeout go to the server in one pipeline on one connection (WAIT counts
 // acknowledgements of that connection's writes). If fewer replicas
-// acknowledge in time, the lock is released again and the acquire fails
-// with an error wrapping [backend.ErrUnavailable]. WAIT narrows, but does
+// acknowledge in time, the lock is released again and the attempt fails
+// with an error wrapping [backend.ErrUnavailable] (Acquire tries again up
+// to dlock.FailedAttempts times in a row). WAIT narrows, but does
 // not close, the failover window: Redis may still promote a replica that did
 // not acknowledge. Only acquires wait; refreshes and releases do not (a
 // refresh lost in a failover shortens a lease that the old primary already

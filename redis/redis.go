@@ -82,8 +82,10 @@ type Options struct {
 
 	// WaitReplicas, when > 0, makes every acquire wait (Redis WAIT) until
 	// this many replicas have acknowledged the lock; if fewer do within
-	// WaitTimeout, the lock is released and the acquire fails with an
-	// error wrapping [backend.ErrUnavailable]. Refreshes and releases do
+	// WaitTimeout, the lock is released and the attempt fails with an
+	// error wrapping [backend.ErrUnavailable] (TryAcquire reports it;
+	// Acquire tries again, see dlock.FailedAttempts, each attempt waiting
+	// up to WaitTimeout). Refreshes and releases do
 	// not wait. Not allowed with a *goredis.ClusterClient (see the package
 	// documentation). Every acquire's TTL must exceed WaitTimeout. Default
 	// 0 (do not wait).

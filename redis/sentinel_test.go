@@ -23,6 +23,9 @@ import (
 func TestSentinelFailover(t *testing.T) {
 	t.Parallel()
 	r, err := servers.StartRedisSentinel(t.Context())
+	if errors.Is(err, servers.ErrNeedsHostNetwork) {
+		t.Skip(err)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,9 +61,10 @@ func TestSentinelFailover(t *testing.T) {
 	for {
 		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 		_, err := b.TryAcquire(ctx, key, ao)
+		timedOut := ctx.Err() != nil
 		cancel()
-		if errors.Is(err, dlock.ErrNotAcquired) {
-			break
+		if errors.Is(err, dlock.ErrNotAcquired) && !timedOut {
+			break // held (a timed-out attempt matches ErrNotAcquired too)
 		}
 		if err == nil {
 			t.Fatal("after the failover the lock was granted to a second holder: the new primary lost it")

@@ -26,6 +26,7 @@ type slowLink struct {
 	wg      sync.WaitGroup
 	mu      sync.Mutex
 	conns   []net.Conn
+	closed  bool
 }
 
 func newSlowLink(t *testing.T, to string) *slowLink {
@@ -40,6 +41,7 @@ func newSlowLink(t *testing.T, to string) *slowLink {
 	t.Cleanup(func() {
 		ln.Close()
 		p.mu.Lock()
+		p.closed = true
 		for _, c := range p.conns {
 			c.Close()
 		}
@@ -67,6 +69,12 @@ func (p *slowLink) serve() {
 			continue
 		}
 		p.mu.Lock()
+		if p.closed { // accepted while the test's cleanup ran
+			p.mu.Unlock()
+			c.Close()
+			s.Close()
+			return
+		}
 		p.conns = append(p.conns, c, s)
 		p.mu.Unlock()
 		p.wg.Add(2)
@@ -122,7 +130,7 @@ func (p *slowLink) pipe(dst, src net.Conn) {
 func TestMajoritySlow(t *testing.T) {
 	t.Parallel()
 	const (
-		ttl     = 500 * time.Millisecond     // per-node timeout: a tenth, 50ms
+		ttl     = 2 * time.Second            // per-node timeout: a tenth, 200ms
 		latency = ttl + 100*time.Millisecond // each way
 	)
 	ss := fiveNodes(t)
@@ -171,18 +179,23 @@ func TestMajoritySlow(t *testing.T) {
 		t.Errorf("TryAcquire with 3 of 5 slow = %v, want ErrUnavailable", err)
 	}
 	if took >= latency {
-		// The attempt is cut at the per-node timeout, then waits at
-		// most max(NodeTimeout, 100ms) for the release.
+		// The attempt is cut at the per-node timeout (200ms), then
+		// waits at most max(NodeTimeout, 100ms) for the release.
 		t.Errorf("the attempt took %v: it waited for the slow nodes' %v answers", took, latency)
 	}
 	t.Logf("3 of 5 behind a %v link: %v after %v", latency, err, took.Round(time.Millisecond))
 
 	// The slow nodes get the SET at latency and the release, sent about
-	// 50ms later, at latency+50ms; the SET's key would expire by itself
+	// 200ms later, at latency+200ms; the SET's key would expire by itself
 	// at latency+ttl. Look in between, so that this shows the release
 	// removed it.
 	direct := clients(t, addrs(ss))
 	time.Sleep(time.Until(begin.Add(latency + ttl/2)))
+	defer func() {
+		if late := time.Since(begin); late >= latency+ttl {
+			t.Fatalf("the check ended %v after the attempt, when the keys had expired anyway: inconclusive", late)
+		}
+	}()
 	for i, c := range direct {
 		if n, err := c.Exists(t.Context(), lockKey(key)).Result(); err != nil || n != 0 {
 			t.Errorf("node %d: key left behind (exists=%d, err %v)", i, n, err)

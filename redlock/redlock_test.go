@@ -20,14 +20,14 @@ import (
 
 func TestMain(m *testing.M) { servers.Main(m) }
 
-// clients returns one client per address, closed when tb ends. They honour
-// context deadlines on the socket, as Redlock's per-node timeouts need.
 // testNodeTimeout is the per-node timeout of the tests' lockers, above the
 // 50ms default: under -race, on a 2-core CI machine starting containers for
 // other tests, a round trip to a healthy node can take longer than 50ms.
 // An attempt's timeout stays capped at a tenth of its TTL.
 const testNodeTimeout = 250 * time.Millisecond
 
+// clients returns one client per address, closed when tb ends. They honour
+// context deadlines on the socket, as Redlock's per-node timeouts need.
 func clients(tb testing.TB, addrs []string) []goredis.UniversalClient {
 	tb.Helper()
 	cs := make([]goredis.UniversalClient, len(addrs))

@@ -51,8 +51,12 @@ func StartRedis(ctx context.Context, n int) ([]*Server, error) {
 // Terminate it.
 func StartRedisCluster(ctx context.Context) (*Server, error) {
 	k := *redisKind
+	// The cluster bus needs a port of its own: by default the client port
+	// + 10000, which may be taken, or (above 55535) out of range.
+	k.ports = []int{6379, 16379}
 	k.cmd = func(p *plan, i int) []string {
-		return append(redisKind.cmd(p, i), "--cluster-enabled", "yes", "--cluster-config-file", "/tmp/dlock-nodes.conf")
+		return append(redisKind.cmd(p, i), "--cluster-enabled", "yes", "--cluster-config-file", "/tmp/dlock-nodes.conf",
+			"--cluster-port", strconv.Itoa(p.members[i].ports[1]))
 	}
 	ss, err := start(ctx, &k, 1)
 	if err != nil {
@@ -86,6 +90,10 @@ func (s *Server) awaitCLI(ctx context.Context, want string, args ...string) erro
 	}
 }
 
+// ErrNeedsHostNetwork is returned by set-ups that work only with host
+// networking, in bridge mode.
+var ErrNeedsHostNetwork = errors.New("needs host networking (" + envNetwork + "=" + networkHost + ")")
+
 // RedisSentinel is a Redis primary with one replica, watched by one Sentinel
 // (quorum 1, primary deemed down after 1s), for failover tests. Clients
 // find the primary through the Sentinel, under MasterName.
@@ -101,16 +109,17 @@ func (r *RedisSentinel) Terminate(ctx context.Context) error {
 
 // StartRedisSentinel starts a primary, a replica that has synced with it,
 // and a Sentinel that knows both, so that killing the primary promotes the
-// replica. It needs host networking (DLOCK_TEST_NETWORK=host): the servers
-// announce their addresses to each other, and in bridge mode those would be
-// the containers' private addresses. The caller owns the servers and should
+// replica. It needs host networking (DLOCK_TEST_NETWORK=host; else it
+// returns an error matching [ErrNeedsHostNetwork]): the servers announce
+// their addresses to each other, and in bridge mode those would be the
+// containers' private addresses. The caller owns the servers and should
 // Terminate them.
 func StartRedisSentinel(ctx context.Context) (_ *RedisSentinel, err error) {
 	const name = "dlock"
 	if mode, err := networkMode(); err != nil {
 		return nil, err
 	} else if mode != networkHost {
-		return nil, fmt.Errorf("servers: a Redis Sentinel set-up needs %s=%s", envNetwork, networkHost)
+		return nil, fmt.Errorf("servers: a Redis Sentinel set-up: %w", ErrNeedsHostNetwork)
 	}
 	r := &RedisSentinel{MasterName: name}
 	defer func() {
