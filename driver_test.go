@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -372,5 +373,93 @@ func TestCloseDuringFailureBackoff(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Acquire did not end when the Locker was closed")
+	}
+}
+
+// hangingDriver is a memory driver whose refreshes hang until their context
+// ends, as on a server that stopped answering; entered is closed when the
+// first refresh begins.
+type hangingDriver struct {
+	backend.Driver
+	entered chan struct{}
+	once    sync.Once
+}
+
+func (d *hangingDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+	l, err := d.Driver.TryAcquire(ctx, key, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return &hangingLease{l, d}, nil
+}
+
+type hangingLease struct {
+	backend.Lease
+	d *hangingDriver
+}
+
+func (l *hangingLease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
+	l.d.once.Do(func() { close(l.d.entered) })
+	<-ctx.Done()
+	return 0, fmt.Errorf("%w: %w", backend.ErrUnavailable, ctx.Err())
+}
+
+// hangingRefresh returns a store, a Locker on it whose background refreshes
+// hang, and an auto-refreshed 3 s lease on "k" whose first refresh has
+// begun (and hangs).
+func hangingRefresh(t *testing.T) (*memory.Store, *dlock.Locker, *dlock.Lease) {
+	t.Helper()
+	s := memory.NewStore()
+	d := &hangingDriver{Driver: memory.NewDriver(s), entered: make(chan struct{})}
+	l := dlock.New(d, nil)
+	t.Cleanup(func() { l.Close() })
+	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 3 * time.Second, AutoRefresh: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-d.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watchdog did not refresh")
+	}
+	return s, l, le
+}
+
+// Close does not wait behind a background refresh that hangs: it cancels
+// it, releases the lock (the key is free at once, not at the end of the
+// TTL) and ends the lease with ErrClosed. (Before the fix Close waited until
+// the lease's deadline, the lease ended as lost, and the key stayed held.)
+func TestCloseCancelsHangingRefresh(t *testing.T) {
+	s, l, le := hangingRefresh(t)
+	deadline := le.Deadline()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !time.Now().Before(deadline) {
+		t.Errorf("Close returned after the lease's deadline: it waited for the hanging refresh")
+	}
+	if err := le.Err(); !errors.Is(err, dlock.ErrClosed) {
+		t.Errorf("Err after Close = %v, want ErrClosed", err)
+	}
+	if s.Held("k") {
+		t.Errorf("the key is still held after Close")
+	}
+}
+
+// Release likewise cancels a hanging background refresh and frees the key.
+func TestReleaseCancelsHangingRefresh(t *testing.T) {
+	s, _, le := hangingRefresh(t)
+	deadline := le.Deadline()
+	if err := le.Release(t.Context()); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if !time.Now().Before(deadline) {
+		t.Errorf("Release returned after the lease's deadline: it waited for the hanging refresh")
+	}
+	if err := le.Err(); !errors.Is(err, dlock.ErrNotHeld) || errors.Is(err, dlock.ErrLeaseLost) {
+		t.Errorf("Err after Release = %v, want ErrNotHeld (released)", err)
+	}
+	if s.Held("k") {
+		t.Errorf("the key is still held after Release")
 	}
 }

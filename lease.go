@@ -53,7 +53,9 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 	}
 	le.setDeadline(start.Add(le.ttl - l.margin(le.ttl)))
 	notifier, _ := bl.(backend.LossNotifier)
-	bg := context.Background()
+	// The background goroutines stop when the lease ends, and at once when
+	// Close begins: a refresh in flight then gives way to Close's release.
+	bg := l.closing
 	if notifier != nil || ao.AutoRefresh {
 		// Only background goroutines need a way to be stopped.
 		bg, le.stopBG = context.WithCancel(bg)
@@ -271,8 +273,14 @@ func (le *Lease) giveBack(ctx context.Context) {
 // errReleased is the Err of a released lease.
 var errReleased = fmt.Errorf("%w: released", ErrNotHeld)
 
-// release gives the lock back and ends the lease with reason.
+// release gives the lock back and ends the lease with reason. It first stops
+// the watchdog: a background refresh in flight (which may hang on a backend
+// that does not answer until the lease's deadline) is cancelled rather than
+// waited for, since the lease ends here whatever the outcome.
 func (le *Lease) release(ctx context.Context, reason error) error {
+	if le.stopBG != nil {
+		le.stopBG()
+	}
 	le.opMu.Lock()
 	defer le.opMu.Unlock()
 	if err := le.Err(); err != nil {
