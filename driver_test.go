@@ -463,3 +463,114 @@ func TestReleaseCancelsHangingRefresh(t *testing.T) {
 		t.Errorf("the key is still held after Release")
 	}
 }
+
+// roundingDriver is a memory driver whose server rounds every TTL up to a
+// multiple of res, as etcd does to whole seconds; it records the latest end
+// of a grant it made (the moment of the call plus the TTL granted).
+type roundingDriver struct {
+	backend.Driver
+	res    time.Duration
+	floor  time.Duration // and raises every TTL to at least floor
+	mu     sync.Mutex
+	latest time.Time
+}
+
+func (d *roundingDriver) Limits() backend.Limits {
+	lim := d.Driver.Limits()
+	lim.Resolution = d.res
+	return lim
+}
+
+func (d *roundingDriver) round(ttl time.Duration) time.Duration {
+	if ttl%d.res != 0 {
+		ttl += d.res - ttl%d.res
+	}
+	return max(ttl, d.floor)
+}
+
+func (d *roundingDriver) granted(at time.Time, ttl time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if end := at.Add(ttl); end.After(d.latest) {
+		d.latest = end
+	}
+}
+
+func (d *roundingDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+	now, ttl := time.Now(), d.round(ttl)
+	l, err := d.Driver.TryAcquire(ctx, key, ttl)
+	if err != nil {
+		return nil, err
+	}
+	d.granted(now, ttl)
+	return &roundingLease{l, d}, nil
+}
+
+type roundingLease struct {
+	backend.Lease
+	d *roundingDriver
+}
+
+func (l *roundingLease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
+	now, ttl := time.Now(), l.d.round(ttl)
+	granted, err := l.Lease.Refresh(ctx, ttl)
+	if err == nil {
+		l.d.granted(now, granted)
+	}
+	return granted, err
+}
+
+// The watchdog keeps an auto-refreshed lease within MaxHold on a backend that
+// rounds TTLs up: near MaxHold it asks for a TTL that ends before MaxHold
+// once rounded. (Before, it asked for the time left, which the server
+// rounded up past MaxHold.)
+func TestMaxHoldWithRoundedTTLs(t *testing.T) {
+	t.Run("rounded", func(t *testing.T) {
+		testMaxHold(t, &roundingDriver{Driver: memory.NewDriver(memory.NewStore()), res: 100 * time.Millisecond}, 300*time.Millisecond, 410*time.Millisecond)
+	})
+	// A server that raises short TTLs to a floor (etcd's minimum lease
+	// TTL) raised the first grant: the watchdog does not ask for a last
+	// short TTL that it would raise past MaxHold.
+	t.Run("raised", func(t *testing.T) {
+		testMaxHold(t, &roundingDriver{Driver: memory.NewDriver(memory.NewStore()), res: 10 * time.Millisecond, floor: 200 * time.Millisecond}, 100*time.Millisecond, 450*time.Millisecond)
+	})
+}
+
+func testMaxHold(t *testing.T, d *roundingDriver, ttl, maxHold time.Duration) {
+	l := dlock.New(d, nil)
+	defer l.Close()
+	start := time.Now()
+	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: ttl, AutoRefresh: true, MaxHold: maxHold})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-le.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lease outlived MaxHold by far")
+	}
+	d.mu.Lock()
+	latest := d.latest
+	d.mu.Unlock()
+	// A few milliseconds pass between the watchdog's look at the clock
+	// and its call.
+	if bound := start.Add(maxHold + 10*time.Millisecond); latest.After(bound) {
+		t.Errorf("the server's grant ends %v after the acquire began; MaxHold is %v", latest.Sub(start), maxHold)
+	}
+	if le.Deadline().After(start.Add(maxHold)) {
+		t.Errorf("Deadline %v after the acquire began; MaxHold is %v", le.Deadline().Sub(start), maxHold)
+	}
+
+}
+
+// A MaxHold shorter than the TTL as the server rounds it is refused before
+// any I/O.
+func TestMaxHoldBelowRoundedTTL(t *testing.T) {
+	d := &roundingDriver{Driver: memory.NewDriver(memory.NewStore()), res: 100 * time.Millisecond}
+	l := dlock.New(d, nil)
+	defer l.Close()
+	_, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 250 * time.Millisecond, AutoRefresh: true, MaxHold: 250 * time.Millisecond})
+	if !errors.Is(err, dlock.ErrInvalidConfig) {
+		t.Errorf("MaxHold below the rounded TTL: %v, want ErrInvalidConfig", err)
+	}
+}

@@ -79,10 +79,16 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 		if ao.AutoRefresh {
 			// Copied, so that ao does not escape to the heap.
 			ttl, maxUntil := ao.TTL, start.Add(ao.MaxHold)
+			// A backend that granted more than asked (beyond rounding)
+			// has a floor: it would raise a shorter refresh to it too.
+			var floor time.Duration
+			if le.ttl > roundUp(ttl, l.limits.Resolution) {
+				floor = le.ttl
+			}
 			l.bg.Add(1)
 			go func() {
 				defer l.bg.Done()
-				le.watchdog(bg, ttl, maxUntil)
+				le.watchdog(bg, ttl, floor, maxUntil)
 			}()
 		}
 	}
@@ -381,8 +387,9 @@ func (le *Lease) watchLoss(ctx context.Context, n backend.LossNotifier) {
 }
 
 // watchdog refreshes the lease every ttl/3 (sooner after a failed refresh),
-// never past maxUntil.
-func (le *Lease) watchdog(ctx context.Context, ttl time.Duration, maxUntil time.Time) {
+// never past maxUntil (see watchdogTTL; floor is the least TTL the backend
+// was seen to grant, 0 if none).
+func (le *Lease) watchdog(ctx context.Context, ttl, floor time.Duration, maxUntil time.Time) {
 	interval := ttl / 3
 	t := time.NewTimer(interval)
 	defer t.Stop()
@@ -392,8 +399,8 @@ func (le *Lease) watchdog(ctx context.Context, ttl time.Duration, maxUntil time.
 			return
 		case <-t.C:
 		}
-		next := min(ttl, time.Until(maxUntil))
-		if le.l.checkTTL(next) != nil {
+		next, ok := le.l.watchdogTTL(ttl, time.Until(maxUntil), floor)
+		if !ok {
 			// MaxHold reached: let the lease run out.
 			return
 		}

@@ -116,9 +116,11 @@ type AcquireOptions struct {
 	AutoRefresh bool
 	// MaxHold bounds the total time an auto-refreshed lease is held,
 	// counted from the acquire: the watchdog never extends the lease past
-	// it, so a stuck holder cannot keep the lock forever; the lease then
-	// expires and Done fires. Default DefaultMaxHoldFactor × TTL. Ignored
-	// without AutoRefresh.
+	// it (it asks for a shorter last TTL, allowing for a backend that
+	// rounds TTLs up, see Limits.Resolution), so a stuck holder cannot keep
+	// the lock forever; the lease then expires and Done fires. It must be
+	// at least the TTL as the backend grants it. Default
+	// DefaultMaxHoldFactor × TTL. Ignored without AutoRefresh.
 	MaxHold time.Duration
 }
 
@@ -413,7 +415,35 @@ func (l *Locker) check(key string, ao *AcquireOptions) error {
 	if ao.AutoRefresh && ao.MaxHold < ao.TTL {
 		return fmt.Errorf("%w: MaxHold %v is shorter than the TTL %v it is to bound", ErrInvalidConfig, ao.MaxHold, ao.TTL)
 	}
+	if r := l.limits.Resolution; ao.AutoRefresh && ao.MaxHold < roundUp(ao.TTL, r) {
+		return fmt.Errorf("%w: MaxHold %v is shorter than the TTL %v it is to bound, which the backend rounds up to %v",
+			ErrInvalidConfig, ao.MaxHold, ao.TTL, roundUp(ao.TTL, r))
+	}
 	return nil
+}
+
+// roundUp rounds d up to a multiple of r (r 0: d).
+func roundUp(d, r time.Duration) time.Duration {
+	if r <= 0 || d%r == 0 {
+		return d
+	}
+	return d - d%r + r
+}
+
+// watchdogTTL is the TTL the watchdog asks for when left remains until
+// MaxHold: the lease's ttl, or less near MaxHold, so that what the backend
+// grants (rounded up to its Resolution, and raised to floor, the least it
+// was seen to grant) does not end past MaxHold. ok is false when no TTL the
+// backend accepts fits: the lease is then left to run out.
+func (l *Locker) watchdogTTL(ttl, left, floor time.Duration) (next time.Duration, ok bool) {
+	next = min(ttl, left)
+	if r := l.limits.Resolution; r > 0 && roundUp(next, r) > left {
+		next = left.Truncate(r)
+	}
+	if floor > left || l.checkTTL(next) != nil {
+		return 0, false
+	}
+	return next, true
 }
 
 func (l *Locker) checkKey(key string) error {

@@ -159,6 +159,12 @@ type Limits struct {
 	MinTTL time.Duration
 	// MaxTTL is the longest lease the backend can grant; 0 means no limit.
 	MaxTTL time.Duration
+	// Resolution is the unit the server's lease times come in: it rounds a
+	// TTL that is not a multiple of Resolution up to the next one (etcd:
+	// whole seconds). 0 means TTLs are granted as asked (or truncated,
+	// never raised). The dlock layer uses it to keep an auto-refreshed
+	// lease within its MaxHold.
+	Resolution time.Duration
 }
 
 // Driver is one backend instance: a connection (or connection pool) to the

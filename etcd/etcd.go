@@ -112,7 +112,7 @@ func (d *Driver) ValidateKey(string) error { return nil }
 // TTL below its own floor (about 1.5 × its election timeout, 2s with the
 // default settings); Lease.TTL reports what it granted.
 func (d *Driver) Limits() backend.Limits {
-	return backend.Limits{MinTTL: time.Second, MaxTTL: maxTTL}
+	return backend.Limits{MinTTL: time.Second, MaxTTL: maxTTL, Resolution: time.Second}
 }
 
 // Guarantees: consensus-grade fencing (create revisions), FIFO, and a
