@@ -114,8 +114,21 @@ func (le *Lease) Key() string { return le.key }
 // As lets a caller reach the backend's own view of this lease: it sets
 // *target and reports true when the backend supports the target's type
 // (each backend documents which; etcd supports *etcd.Ownership, for fencing
-// etcd transactions with the lock). It reports false otherwise.
+// etcd transactions with the lock). It reports false otherwise, and for a
+// nil target.
+//
+// A *backend.Lease target receives the driver's lease itself, for the
+// conformance suite and diagnostics: calls on it bypass this Lease's
+// bookkeeping (deadline, Done, the watchdog), so a program should not
+// refresh or release through it.
 func (le *Lease) As(target any) bool {
+	switch t := target.(type) {
+	case nil:
+		return false
+	case *backend.Lease:
+		*t = le.bl
+		return true
+	}
 	if a, ok := le.bl.(interface{ As(any) bool }); ok {
 		return a.As(target)
 	}

@@ -220,8 +220,16 @@ func (l *Locker) Limits() Limits {
 // As lets a caller reach the backend's own types: it sets *target and
 // reports true when the backend driver supports the target's type (each
 // backend documents which), for example a *goredis.UniversalClient. It
-// reports false otherwise.
+// reports false otherwise, and for a nil target. A *backend.Driver target
+// receives the driver itself (for the conformance suite and diagnostics).
 func (l *Locker) As(target any) bool {
+	switch t := target.(type) {
+	case nil:
+		return false
+	case *backend.Driver:
+		*t = l.drv
+		return true
+	}
 	if a, ok := l.drv.(interface{ As(any) bool }); ok {
 		return a.As(target)
 	}

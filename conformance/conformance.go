@@ -30,6 +30,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
 )
 
 // Harness gives the suite access to one backend on real (or in-process)
@@ -72,13 +73,15 @@ func Run(t *testing.T, newHarness HarnessMaker) {
 	s := &suite{h: h}
 	probe := s.locker(t)
 	s.g = probe.Guarantees()
-	s.short = max(ShortTTL, probe.Limits().MinTTL)
+	s.lim = probe.Limits()
+	s.short = max(ShortTTL, s.lim.MinTTL)
 	t.Logf("guarantees: fencing=%v tolerated-failures=%d fifo=%v clock-dependent=%v wakes-waiters=%v",
 		s.g.Fencing, s.g.ToleratedFailures, s.g.FIFO, s.g.ClockDependent, s.g.WakesWaiters)
 
 	// The leak check runs alone, so that other cases' goroutines do not
 	// count against it.
 	t.Run("CancelledAcquireLeavesNothing", s.cancelledAcquire)
+	t.Run("CancelRacingGrant", s.cancelRacingGrant)
 	t.Run("parallel", func(t *testing.T) {
 		for _, c := range []struct {
 			name string
@@ -87,6 +90,7 @@ func Run(t *testing.T, newHarness HarnessMaker) {
 			{"TryAcquireContended", s.tryAcquireContended},
 			{"AcquireWakesOnRelease", s.acquireWakesOnRelease},
 			{"MutualExclusion", s.mutualExclusion},
+			{"MutualExclusionUnderExpiry", s.mutualExclusionUnderExpiry},
 			{"ExpiryFreesKey", s.expiryFreesKey},
 			{"RefreshExtends", s.refreshExtends},
 			{"StaleLeaseCannotTouchNewer", s.staleLease},
@@ -94,6 +98,8 @@ func Run(t *testing.T, newHarness HarnessMaker) {
 			{"DoneOnLoss", s.doneOnLoss},
 			{"UseAfterClose", s.useAfterClose},
 			{"CloseDuringAcquire", s.closeDuringAcquire},
+			{"CloseWithQueuedWaiters", s.closeWithQueuedWaiters},
+			{"As", s.as},
 			{"BadInput", s.badInput},
 			{"KeysAreIndependent", s.keysIndependent},
 			{"AutoRefresh", s.autoRefresh},
@@ -113,6 +119,7 @@ func Run(t *testing.T, newHarness HarnessMaker) {
 type suite struct {
 	h     Harness
 	g     dlock.Guarantees
+	lim   dlock.Limits
 	short time.Duration // ShortTTL, or the backend's floor if higher
 }
 
@@ -183,6 +190,45 @@ func waitDone(le *dlock.Lease, d time.Time) bool {
 		return true
 	case <-t.C:
 		return false
+	}
+}
+
+// backendLease returns the driver's own lease behind le, so that a case can
+// call the backend directly: once the Locker knows a lease is lost it no
+// longer calls the backend, and a case that went through it would test the
+// Locker, not the backend.
+func backendLease(t *testing.T, le *dlock.Lease) backend.Lease {
+	t.Helper()
+	var bl backend.Lease
+	if !le.As(&bl) || bl == nil {
+		t.Fatalf("Lease.As(*backend.Lease) did not give the driver's lease")
+	}
+	return bl
+}
+
+// reportsLoss reports whether le's backend tells of a lost lease by itself
+// (its lease implements backend.LossNotifier).
+func reportsLoss(t *testing.T, le *dlock.Lease) bool {
+	_, ok := backendLease(t, le).(backend.LossNotifier)
+	return ok
+}
+
+// noResidue fails t unless the server keeps no state of a holder or waiter
+// for key, allowing a backend slack to finish a clean-up it does in the
+// background.
+func (s *suite) noResidue(t *testing.T, key, when string) {
+	t.Helper()
+	end := time.Now().Add(slack)
+	for {
+		left, err := s.h.Residue(t.Context(), key)
+		if err == nil && !left {
+			return
+		}
+		if time.Now().After(end) {
+			t.Errorf("%s: residue=%v (err %v) %v later; want none", when, left, err, slack)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -307,8 +353,16 @@ func (s *suite) expiryFreesKey(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), slack)
 	defer cancel()
 	lb, err := b.Acquire(ctx, k, nil)
+	// The core promise of a lease: a new holder is granted the lock only
+	// after the previous holder's Deadline, or after its Done fired. (Err
+	// ends a lease whose deadline has passed.)
+	aValid := la.Err() == nil
 	if err != nil {
 		t.Fatalf("Acquire after the holder's TTL: %v", err)
+	}
+	if aValid {
+		t.Errorf("a second holder was granted the lock while the first lease was valid (its Deadline %v away, Done not fired): the server let the lease go before the Deadline it promised",
+			time.Until(la.Deadline()))
 	}
 	s.tokenAfter(t, la.Token(), lb.Token())
 	if !waitDone(la, time.Now().Add(slack)) {
@@ -327,9 +381,15 @@ func (s *suite) refreshExtends(t *testing.T) {
 	k := key(t)
 	ttl := s.short
 	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: ttl})
+	bl := backendLease(t, la)
 	before := la.Deadline()
 	if err := la.Refresh(t.Context(), time.Minute); err != nil {
 		t.Fatalf("Refresh: %v", err)
+	}
+	// A refresh (on etcd, a move to a lease with the new TTL) keeps the
+	// grant's fencing token.
+	if got := dlock.Token(bl.Token()); got != la.Token() {
+		t.Errorf("the backend lease's token changed across Refresh: %d, was %d", got, la.Token())
 	}
 	if !la.Deadline().After(before) {
 		t.Errorf("Deadline %v did not move past %v after Refresh", la.Deadline(), before)
@@ -344,9 +404,14 @@ func (s *suite) refreshExtends(t *testing.T) {
 	if err := la.Err(); err != nil {
 		t.Fatalf("refreshed lease reports %v", err)
 	}
-	// Once the server dropped it, Refresh cannot revive it.
+	// Once the server dropped it, Refresh cannot revive it: asked of the
+	// backend itself (the Locker may know of the loss already and not
+	// call it), then through the Locker.
 	if err := s.h.Expire(t.Context(), k); err != nil {
 		t.Fatalf("Expire: %v", err)
+	}
+	if _, err := bl.Refresh(t.Context(), time.Minute); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Errorf("the backend's Refresh after expiry = %v; want ErrNotHeld", err)
 	}
 	wantErr(t, "Refresh after expiry", la.Refresh(t.Context(), time.Minute), k, dlock.ErrNotHeld)
 	wantErr(t, "Err after a failed refresh", la.Err(), "", dlock.ErrLeaseLost)
@@ -358,17 +423,32 @@ func (s *suite) staleLease(t *testing.T) {
 	a, b, c := s.locker(t), s.locker(t), s.locker(t)
 	k := key(t)
 	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: time.Minute})
+	bla := backendLease(t, la)
 	if err := s.h.Expire(t.Context(), k); err != nil {
 		t.Fatalf("Expire: %v", err)
 	}
 	lb := acquire(t, b, k, &dlock.AcquireOptions{TTL: time.Minute})
 	s.tokenAfter(t, la.Token(), lb.Token())
+	// The backend itself (the Locker may know of the loss and not call
+	// it) must not extend or delete the newer holder's lock.
+	if _, err := bla.Refresh(t.Context(), time.Minute); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Errorf("the backend's Refresh of a stale lease = %v; want ErrNotHeld", err)
+	}
+	if err := bla.Release(t.Context()); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Errorf("the backend's Release of a stale lease = %v; want ErrNotHeld", err)
+	}
+	if _, err := c.TryAcquire(t.Context(), k, nil); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryAcquire after the backend's stale release = %v; want ErrNotAcquired (the newer lock is gone)", err)
+	}
 	wantErr(t, "Refresh of a stale lease", la.Refresh(t.Context(), time.Minute), k, dlock.ErrNotHeld)
 	wantErr(t, "Release of a stale lease", la.Release(t.Context()), k, dlock.ErrNotHeld)
 	_, err := c.TryAcquire(t.Context(), k, nil)
 	wantErr(t, "TryAcquire after stale release", err, k, dlock.ErrNotAcquired)
 	if err := lb.Err(); err != nil {
 		t.Fatalf("the newer lease was disturbed: %v", err)
+	}
+	if err := lb.Refresh(t.Context(), time.Minute); err != nil {
+		t.Fatalf("the newer lease cannot be refreshed: %v", err)
 	}
 	release(t, lb)
 }
@@ -390,16 +470,33 @@ func (s *suite) doubleRelease(t *testing.T) {
 	wantErr(t, "Refresh after Release", la.Refresh(t.Context(), 0), k, dlock.ErrNotHeld)
 }
 
+// doneOnLoss: a lease the server dropped ends. Where the backend reports
+// loss itself (backend.LossNotifier), Done fires within a few seconds, long
+// before a Deadline a minute away, so that it is the backend that noticed
+// and not the Locker's own deadline timer.
 func (s *suite) doneOnLoss(t *testing.T) {
 	a := s.locker(t)
 	k := key(t)
 	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: 3 * time.Second})
+	notifies := reportsLoss(t, la)
+	if notifies {
+		release(t, la)
+		la = acquire(t, a, k, &dlock.AcquireOptions{TTL: time.Minute})
+	}
 	ctx, cancel := la.Context(t.Context())
 	defer cancel()
 	if err := s.h.Expire(t.Context(), k); err != nil {
 		t.Fatalf("Expire: %v", err)
 	}
-	if !waitDone(la, la.Deadline().Add(slack)) {
+	if notifies {
+		if !waitDone(la, time.Now().Add(slack)) {
+			t.Fatalf("Done did not fire within %v after the server dropped the lease, though the backend reports loss (LossNotifier); Deadline is %v away",
+				slack, time.Until(la.Deadline()).Round(time.Second))
+		}
+		if left := time.Until(la.Deadline()); left < 30*time.Second {
+			t.Errorf("Done fired only %v before the Deadline", left)
+		}
+	} else if !waitDone(la, la.Deadline().Add(slack)) {
 		t.Fatalf("Done did not fire by Deadline+%v after the server dropped the lease", slack)
 	}
 	wantErr(t, "Err of a lost lease", la.Err(), "", dlock.ErrLeaseLost)
@@ -594,17 +691,32 @@ func (s *suite) autoRefresh(t *testing.T) {
 	release(t, la)
 }
 
+// maxHold: an auto-refreshed lease ends by MaxHold, counted from the
+// acquire, and no refresh extends it past that on the server (a MaxHold that
+// is not a whole number of TTLs makes the last refresh ask for less than the
+// TTL, which a backend may round up or raise).
 func (s *suite) maxHold(t *testing.T) {
 	a, b := s.locker(t), s.locker(t)
 	k := key(t)
-	ttl := s.short
+	ttl := 3 * s.short
+	maxHold := ttl + ttl*37/100
 	start := time.Now()
-	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: ttl, AutoRefresh: true, MaxHold: 2 * ttl})
-	if !waitDone(la, start.Add(2*ttl+slack)) {
+	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: ttl, AutoRefresh: true, MaxHold: maxHold})
+	acquired := time.Now()
+	if !waitDone(la, start.Add(maxHold+slack)) {
 		t.Fatalf("lease still held well past MaxHold")
 	}
-	if took := time.Since(start); took < 2*ttl-50*time.Millisecond {
-		t.Errorf("lease ended after %v, before MaxHold %v", took, 2*ttl)
+	// The last refresh may end the lease up to a Resolution early.
+	early := s.lim.Resolution + time.Duration(float64(ttl)*dlock.DefaultDriftFactor) + 50*time.Millisecond
+	if took := time.Since(start); took < maxHold-early {
+		t.Errorf("lease ended after %v, before MaxHold %v", took, maxHold)
+	}
+	// Deadline follows the TTL the server granted at the last refresh:
+	// past MaxHold means the server was asked to (or chose to) keep the
+	// lock longer than MaxHold allows.
+	if d := la.Deadline(); d.After(acquired.Add(maxHold)) {
+		t.Errorf("the last refresh ends the lease %v after the acquire, past MaxHold %v (granted TTL %v)",
+			d.Sub(acquired).Round(time.Millisecond), maxHold, la.TTL())
 	}
 	wantErr(t, "Err past MaxHold", la.Err(), "", dlock.ErrLeaseLost)
 	ctx, cancel := context.WithTimeout(t.Context(), slack)
@@ -709,4 +821,247 @@ func (s *suite) waitLongerThanTTL(t *testing.T) {
 		t.Errorf("the lease granted after a long wait has Deadline %v, not after now (%v)", lb.Deadline(), now)
 	}
 	release(t, lb)
+}
+
+// cancelRacingGrant: acquires whose context ends at about the moment the
+// server grants the lock either return a lease or leave nothing behind: no
+// lock held for its TTL by nobody, no goroutine. Their deadlines spread over
+// the first couple of milliseconds, where the grant's round trip ends.
+func (s *suite) cancelRacingGrant(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	func() {
+		a, err := s.h.NewLocker(t.Context(), nil)
+		if err != nil {
+			t.Fatalf("NewLocker: %v", err)
+		}
+		defer a.Close()
+		b, err := s.h.NewLocker(t.Context(), nil)
+		if err != nil {
+			t.Fatalf("NewLocker: %v", err)
+		}
+		defer b.Close()
+		k := key(t)
+		granted, cancelled := 0, 0
+		for i := range 40 {
+			ctx, cancel := context.WithTimeout(t.Context(), time.Duration(i%20)*150*time.Microsecond)
+			le, err := a.Acquire(ctx, k, &dlock.AcquireOptions{TTL: time.Minute})
+			cancel()
+			if err == nil {
+				granted++
+				release(t, le)
+				continue
+			}
+			cancelled++
+			wantErr(t, "Acquire cut short by its deadline", err, k, dlock.ErrNotAcquired, context.DeadlineExceeded)
+			// The key must be free now (or within slack, for a backend
+			// that cleans up in the background), not a minute later.
+			ctx, cancel = context.WithTimeout(t.Context(), slack)
+			lb, err := b.Acquire(ctx, k, &dlock.AcquireOptions{TTL: time.Minute})
+			cancel()
+			if err != nil {
+				t.Fatalf("after an acquire cut short by its deadline, the key stayed held: %v", err)
+			}
+			release(t, lb)
+		}
+		t.Logf("%d acquires granted, %d cut short", granted, cancelled)
+		s.noResidue(t, k, "after acquires cut short")
+	}()
+}
+
+// register is a fenced register, as a resource that checks tokens would be:
+// every read and write carries the holder's token and is refused if a
+// higher token has been seen. It records its history for check.
+type register struct {
+	mu       sync.Mutex
+	highest  dlock.Token
+	value    int
+	accepted int
+	rejected int
+	errs     []string
+}
+
+// read returns the value, or false if token is stale.
+func (r *register) read(token dlock.Token) (int, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if token < r.highest {
+		r.rejected++
+		return 0, false
+	}
+	r.highest = token
+	return r.value, true
+}
+
+// write sets the value to v+1 for a writer that read v, if token is not
+// stale. An accepted write that read an older value than the current one is
+// a lost update.
+func (r *register) write(token dlock.Token, read int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if token < r.highest {
+		r.rejected++
+		return
+	}
+	r.highest = token
+	if read != r.value {
+		r.errs = append(r.errs, fmt.Sprintf("lost update: the write of token %d read %d, but %d had been written since", token, read, r.value))
+	}
+	r.value = read + 1
+	r.accepted++
+}
+
+// mutualExclusionUnderExpiry: holders contend while the server drops the
+// lock (Expire) at random moments during their critical sections, so that a
+// holder goes on after another was granted the lock. A backend cannot stop
+// that overlap, but its tokens must let a fenced resource refuse the stale
+// holder: every grant gets a token no other grant has, so no update is
+// lost.
+func (s *suite) mutualExclusionUnderExpiry(t *testing.T) {
+	if s.g.Fencing == dlock.FencingNone {
+		t.Skip("backend issues no fencing tokens (Guarantees.Fencing is none)")
+	}
+	const lockers, perLocker, rounds = 4, 2, 8
+	k := key(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	reg := &register{}
+	var (
+		mu     sync.Mutex
+		tokens = map[dlock.Token]int{} // grants per token
+		lost   int                     // acquires that failed as the expiry hit a waiter
+		wg     sync.WaitGroup
+	)
+	stop := make(chan struct{})
+	expired := make(chan int)
+	go func() {
+		n := 0
+		defer func() { expired <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Duration(5+rand.IntN(25)) * time.Millisecond):
+			}
+			if err := s.h.Expire(ctx, k); err != nil && ctx.Err() == nil {
+				t.Errorf("Expire: %v", err)
+				return
+			}
+			n++
+		}
+	}()
+	for range lockers {
+		l := s.locker(t)
+		for range perLocker {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for done := 0; done < rounds; {
+					le, err := l.Acquire(ctx, k, &dlock.AcquireOptions{TTL: 30 * time.Second})
+					if err != nil {
+						// A queued waiter's own lease or node was
+						// dropped too: it gives up, and tries again.
+						if ctx.Err() == nil && (errors.Is(err, dlock.ErrLeaseLost) || errors.Is(err, dlock.ErrUnavailable)) {
+							mu.Lock()
+							lost++
+							mu.Unlock()
+							continue
+						}
+						t.Errorf("Acquire: %v", err)
+						return
+					}
+					done++
+					mu.Lock()
+					tokens[le.Token()]++
+					mu.Unlock()
+					if v, ok := reg.read(le.Token()); ok {
+						time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+						reg.write(le.Token(), v)
+					}
+					if err := le.Release(ctx); err != nil && !errors.Is(err, dlock.ErrNotHeld) {
+						t.Errorf("Release: %v", err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(stop)
+	n := <-expired
+	for tok, grants := range tokens {
+		if grants > 1 {
+			t.Errorf("token %d was given to %d grants; a fenced resource cannot tell their holders apart", tok, grants)
+		}
+	}
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	for _, e := range reg.errs {
+		t.Error(e)
+	}
+	if reg.accepted == 0 {
+		t.Errorf("no write was accepted")
+	}
+	t.Logf("%d expiries injected; %d writes accepted, %d stale reads or writes refused; %d waiters dropped", n, reg.accepted, reg.rejected, lost)
+}
+
+// closeWithQueuedWaiters: Close ends the Locker's waiting acquires with
+// ErrClosed and leaves nothing of them on the server.
+func (s *suite) closeWithQueuedWaiters(t *testing.T) {
+	a := s.locker(t)
+	b, err := s.h.NewLocker(t.Context(), nil)
+	if err != nil {
+		t.Fatalf("NewLocker: %v", err)
+	}
+	k := key(t)
+	la := acquire(t, a, k, &dlock.AcquireOptions{TTL: time.Minute})
+	const waiters = 3
+	got := make(chan error, waiters)
+	for range waiters {
+		go func() {
+			_, err := b.Acquire(t.Context(), k, nil)
+			got <- err
+		}()
+	}
+	time.Sleep(300 * time.Millisecond) // let them queue
+	if err := b.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	for range waiters {
+		select {
+		case err := <-got:
+			wantErr(t, "Acquire ended by Close", err, k, dlock.ErrClosed)
+		case <-time.After(slack):
+			t.Fatalf("a waiting Acquire did not return after Close")
+		}
+	}
+	release(t, la)
+	s.noResidue(t, k, "after Close ended the queued waiters and the holder released")
+}
+
+// as: Locker.As and Lease.As reach the driver and its lease, refuse a nil
+// target, and refuse a type no backend supports.
+func (s *suite) as(t *testing.T) {
+	l := s.locker(t)
+	if l.As(nil) {
+		t.Errorf("Locker.As(nil) = true")
+	}
+	var n *int
+	if l.As(&n) {
+		t.Errorf("Locker.As(**int) = true")
+	}
+	var d backend.Driver
+	if !l.As(&d) || d == nil {
+		t.Errorf("Locker.As(*backend.Driver) did not give the driver")
+	}
+	le := acquire(t, l, key(t), nil)
+	if le.As(nil) {
+		t.Errorf("Lease.As(nil) = true")
+	}
+	if le.As(&n) {
+		t.Errorf("Lease.As(**int) = true")
+	}
+	if bl := backendLease(t, le); dlock.Token(bl.Token()) != le.Token() {
+		t.Errorf("the driver's lease has token %d, the Lease %d", bl.Token(), le.Token())
+	}
+	release(t, le)
 }
