@@ -39,8 +39,17 @@
 //   - Release succeeds only if the lock was still ours on a majority;
 //     otherwise the lease had been lost (ErrNotHeld), whatever a minority
 //     still held (it is deleted too).
-//   - One server given twice would vote twice: New refuses repeated
-//     clients and addresses.
+//   - One server given twice would vote twice: New refuses (with
+//     ErrInvalidConfig naming both nodes) a client given twice, and two
+//     clients that reach one server: the same host and port however
+//     spelt (127.0.0.1:6379, 127.0.0.1:06379, localhost:6379, an
+//     IPv4-mapped [::ffff:127.0.0.1]:6379), whatever their database
+//     numbers. IP literals and localhost are compared before any I/O;
+//     other host names are resolved in New (a DNS lookup, at most 2s; a
+//     name that does not resolve then is compared as written, and later
+//     DNS changes are not seen). One server reached through two different
+//     IP addresses of its own (say 127.0.0.1 and 127.0.0.2, or a LAN
+//     address) is not detected.
 //
 // # Fencing: best effort
 //

@@ -96,7 +96,6 @@ func parseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
 		return nil, nil, bad("unknown parameter %q (known: ttl, prefix, drift_factor, node_timeout)", name)
 	}
 	var nodes []*goredis.Options
-	seen := map[string]bool{}
 	for _, h := range strings.Split(u.Host, ",") {
 		if h == "" || strings.HasPrefix(h, ":") {
 			return nil, nil, bad("empty host in node list %q", u.Host)
@@ -104,10 +103,8 @@ func parseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
 		if !strings.Contains(h, ":") || strings.HasSuffix(h, "]") {
 			h += ":6379"
 		}
-		if seen[strings.ToLower(h)] {
-			return nil, nil, bad("node %s is listed twice (it would count as two votes)", h)
-		}
-		seen[strings.ToLower(h)] = true
+		// A node listed twice, under any spelling, is refused by
+		// NewDriver (checkServers).
 		co := &goredis.Options{Addr: h, DB: db, ContextTimeoutEnabled: true}
 		if u.User != nil {
 			co.Username = u.User.Username()

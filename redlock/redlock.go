@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -101,7 +100,8 @@ func NewDriver(ctx context.Context, nodes []goredis.UniversalClient, opts *Optio
 	case o.NodeTimeout < 0:
 		return bad("negative NodeTimeout %v", o.NodeTimeout)
 	}
-	seen := map[any]int{}
+	seen := map[goredis.UniversalClient]int{}
+	var servers []server
 	for i, c := range nodes {
 		switch c := c.(type) {
 		case nil:
@@ -113,16 +113,17 @@ func NewDriver(ctx context.Context, nodes []goredis.UniversalClient, opts *Optio
 			if !o.ContextTimeoutEnabled {
 				return bad("node %d: set ContextTimeoutEnabled on its client, so that the per-node timeout cuts a slow round trip", i)
 			}
-			// One server listed twice would count as two votes.
-			if j, dup := seen[o.Addr+"/"+strconv.Itoa(o.DB)]; dup {
-				return bad("nodes %d and %d are the same server (%s)", j, i, o.Addr)
-			}
-			seen[o.Addr+"/"+strconv.Itoa(o.DB)] = i
+			servers = append(servers, parseServer(i, o.Network, o.Addr, o.DB))
 		}
 		if j, dup := seen[c]; dup {
 			return bad("nodes %d and %d are the same client", j, i)
 		}
 		seen[c] = i
+	}
+	// One server listed twice (under two addresses, or with two database
+	// numbers) would count as two votes.
+	if err := checkServers(ctx, servers); err != nil {
+		return nil, err
 	}
 	d := &Driver{
 		nodes:       slices.Clone(nodes),
