@@ -79,11 +79,12 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 		if ao.AutoRefresh {
 			// Copied, so that ao does not escape to the heap.
 			ttl, maxUntil := ao.TTL, start.Add(ao.MaxHold)
-			// A backend that granted more than asked (beyond rounding)
-			// has a floor: it would raise a shorter refresh to it too.
-			var floor time.Duration
+			// The least TTL the backend grants: its MinGrant, or more
+			// if it granted more than asked (beyond rounding) now, as
+			// it would raise a shorter refresh too.
+			floor := l.limits.MinGrant
 			if le.ttl > roundUp(ttl, l.limits.Resolution) {
-				floor = le.ttl
+				floor = max(floor, le.ttl)
 			}
 			l.bg.Add(1)
 			go func() {

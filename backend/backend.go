@@ -165,6 +165,11 @@ type Limits struct {
 	// never raised). The dlock layer uses it to keep an auto-refreshed
 	// lease within its MaxHold.
 	Resolution time.Duration
+	// MinGrant is the shortest lease the server actually grants: it raises
+	// a TTL below MinGrant to MinGrant (etcd raises TTLs below about 1.5 ×
+	// its election timeout). 0 means TTLs are not raised. The dlock layer
+	// uses it to keep an auto-refreshed lease within its MaxHold.
+	MinGrant time.Duration
 }
 
 // Driver is one backend instance: a connection (or connection pool) to the

@@ -43,6 +43,7 @@ type Driver struct {
 	client     *clientv3.Client
 	prefix     string
 	members    int
+	minGrant   time.Duration // the server's least lease TTL, learned by NewDriver
 	ownsClient bool
 
 	ctx    context.Context // cancelled by Close: ends the leases' loss watchers
@@ -87,6 +88,17 @@ func NewDriver(ctx context.Context, client *clientv3.Client, opts *Options) (*Dr
 		return nil, unavailable("listing the cluster members", err)
 	}
 	d.members = len(resp.Members)
+	// The server raises a TTL below its floor (about 1.5 × its election
+	// timeout). Learn it with a 1s grant, so that the Locker keeps an
+	// auto-refreshed lease within MaxHold (Limits.MinGrant).
+	g, err := client.Grant(ctx, 1)
+	if err != nil {
+		return nil, unavailable("granting a probe lease", err)
+	}
+	d.minGrant = time.Duration(g.TTL) * time.Second
+	if _, err := client.Revoke(ctx, g.ID); err != nil {
+		return nil, unavailable("revoking the probe lease", err)
+	}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	return d, nil
 }
@@ -108,11 +120,12 @@ func (d *Driver) dir(key string) string { return d.prefix + escapeKey(key) + "/"
 // ValidateKey accepts every key the dlock layer accepts: keys are escaped.
 func (d *Driver) ValidateKey(string) error { return nil }
 
-// Limits: etcd leases are whole seconds, at least 1s. The server raises a
-// TTL below its own floor (about 1.5 × its election timeout, 2s with the
-// default settings); Lease.TTL reports what it granted.
+// Limits: etcd leases are whole seconds (Resolution), at least 1s. The
+// server raises a TTL below its own floor (about 1.5 × its election timeout,
+// 2s with the default settings) to that floor, which NewDriver learns from a
+// probe grant (MinGrant); Lease.TTL reports what it granted.
 func (d *Driver) Limits() backend.Limits {
-	return backend.Limits{MinTTL: time.Second, MaxTTL: maxTTL, Resolution: time.Second}
+	return backend.Limits{MinTTL: time.Second, MaxTTL: maxTTL, Resolution: time.Second, MinGrant: d.minGrant}
 }
 
 // Guarantees: consensus-grade fencing (create revisions), FIFO, and a
