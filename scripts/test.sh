@@ -228,8 +228,8 @@ build_debian_standin() {
 			rm -rf "$rootfs"
 			die "$fixup failed"
 		fi
-		tar -C "$rootfs" -cf "$tarball.tmp" .
-		mv "$tarball.tmp" "$tarball"
+		tar -C "$rootfs" -cf "$tarball.tmp.$$" .
+		mv "$tarball.tmp.$$" "$tarball"
 		rm -rf "$rootfs"
 		note "built $tarball in $((SECONDS - start))s"
 	fi
@@ -281,9 +281,9 @@ build_etcd_standin() {
 		mkdir -p "$cache_dir"
 		note "go build etcd $version from $mod (about a minute the first time)"
 		local start=$SECONDS
-		(cd "$mod" && CGO_ENABLED=0 go build -trimpath -buildvcs=false -o "$bin.tmp" .) ||
+		(cd "$mod" && CGO_ENABLED=0 go build -trimpath -buildvcs=false -o "$bin.tmp.$$" .) ||
 			die "building etcd from $mod failed"
-		mv "$bin.tmp" "$bin"
+		mv "$bin.tmp.$$" "$bin"
 		note "built $bin in $((SECONDS - start))s"
 	fi
 	local root
