@@ -25,15 +25,18 @@
 //     connection drops during the create, the reply is lost but the node
 //     may exist: we list the parent and take the node with our GUID instead
 //     of creating a second one (Curator's protection mode; ZOOKEEPER-1262).
-//     If even that fails, a background task deletes whatever carries our
-//     GUID once it can, so no orphan node keeps the lock.
+//     If even that fails, the acquire fails, and a background task deletes
+//     whatever carries our GUID once it can, so no orphan node keeps the
+//     lock.
 //   - The node with the lowest sequence number holds the lock. Every other
 //     waiter watches only its immediate predecessor (no herd effect), so
 //     the lock is granted first come, first served.
 //   - When granted, the node's Stat is read: it proves the node (and so the
 //     session) still exists, and its czxid is the token.
-//   - A cancelled or failed acquire deletes its node (in the background if
-//     the call is still on its way).
+//   - A cancelled or failed acquire returns at once and deletes its node in
+//     the background: the task retries until the node is gone, its session
+//     has ended (the server then deletes it) or the Locker is closed
+//     (Close waits for it, and ends the session).
 //
 // # Fencing token
 //
@@ -67,6 +70,20 @@
 //   - Refresh is one round trip that checks our node still exists (and tells
 //     the server the session is alive), then restarts the TTL. The TTL can
 //     be changed freely within the bound; it reports the TTL asked.
+//
+// # Failures
+//
+// Acquire and TryAcquire report an unreachable ensemble at once, without a
+// ctx deadline: once the client has tried every server and reached none
+// (zk.ErrNoServer: at most a second per server, plus a second), the call
+// fails with ErrUnavailable; a request cut by a broken connection is tried
+// again while the client reconnects. A waiter already queued keeps waiting
+// while disconnected (its node lives as long as its session), and gives up
+// with ErrUnavailable once it has been without a connection for longer than
+// the session timeout: by then its session has expired, unless the whole
+// ensemble is down. A waiter whose session expires never gets the lock: it
+// fails with ErrUnavailable, when it reconnects or once that time has
+// passed, whichever comes first.
 //
 // Disconnected is "not certain": the session may survive (the client
 // reconnects within the session timeout) or expire. While disconnected,

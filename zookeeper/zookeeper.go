@@ -37,10 +37,6 @@ const protectedPrefix = "_c_"
 // retryPause is the pause between attempts of background clean-ups.
 const retryPause = 200 * time.Millisecond
 
-// cleanupTimeout bounds the wait for the deletion of an abandoned node
-// before it is left to the background.
-const cleanupTimeout = 2 * time.Second
-
 // Options configure the ZooKeeper backend. The zero value (or nil) is valid.
 type Options struct {
 	// Prefix is the znode under which the locks live, an absolute path.
@@ -77,6 +73,14 @@ type Driver struct {
 	log     *slog.Logger
 
 	negotiated atomic.Int64 // session timeout the server granted, in ms
+
+	// The connection's state, for waiters and retries: whether the
+	// session is connected, since when it is not, and a channel closed
+	// (and replaced) on every change.
+	linkMu      sync.Mutex
+	linkUp      bool
+	linkDown    time.Time
+	linkChanged chan struct{}
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -134,7 +138,8 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 		}
 	}
 
-	d := &Driver{prefix: o.Prefix, servers: len(servers), log: o.Logger, acl: zk.WorldACL(zk.PermAll)}
+	d := &Driver{prefix: o.Prefix, servers: len(servers), log: o.Logger, acl: zk.WorldACL(zk.PermAll),
+		linkDown: time.Now(), linkChanged: make(chan struct{})}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	dial := o.Dialer
 	if dial == nil {
@@ -157,13 +162,16 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 			}
 			switch ev.State {
 			case zk.StateHasSession:
+				d.setLink(true)
 				select {
 				case session <- struct{}{}:
 				default:
 				}
 			case zk.StateDisconnected:
+				d.setLink(false)
 				d.log.Warn("dlock/zookeeper: disconnected; leases are uncertain until the session is back", "server", ev.Server)
 			case zk.StateExpired:
+				d.setLink(false)
 				d.log.Warn("dlock/zookeeper: session expired; its leases are lost")
 			}
 		}),
@@ -222,6 +230,41 @@ type zkLogger struct{ log *slog.Logger }
 
 func (l zkLogger) Printf(format string, args ...any) {
 	l.log.Warn("dlock/zookeeper: " + fmt.Sprintf(format, args...))
+}
+
+// setLink records that the session is connected (up) or not.
+func (d *Driver) setLink(up bool) {
+	d.linkMu.Lock()
+	defer d.linkMu.Unlock()
+	if up == d.linkUp {
+		return
+	}
+	d.linkUp = up
+	if !up {
+		d.linkDown = time.Now()
+	}
+	close(d.linkChanged)
+	d.linkChanged = make(chan struct{})
+}
+
+// cutOff returns an ErrUnavailable error once the session has been without
+// a connection for longer than its timeout: the server has expired it by
+// then, unless the whole ensemble is down. Otherwise it returns the time
+// left before that (0 while connected) and a channel closed when the
+// connection's state changes.
+func (d *Driver) cutOff() (left time.Duration, changed <-chan struct{}, err error) {
+	d.linkMu.Lock()
+	defer d.linkMu.Unlock()
+	if d.linkUp {
+		return 0, d.linkChanged, nil
+	}
+	timeout := d.SessionTimeout()
+	off := time.Since(d.linkDown)
+	if off >= timeout {
+		return 0, nil, fmt.Errorf("%w: zookeeper: no connection to the ensemble for %v, longer than the session timeout %v "+
+			"(the session has expired, or the ensemble is down)", backend.ErrUnavailable, off.Round(time.Millisecond), timeout)
+	}
+	return timeout - off, d.linkChanged, nil
 }
 
 // SessionTimeout returns the session timeout the server granted.
@@ -294,11 +337,17 @@ func (d *Driver) do(ctx context.Context, f func() error) error {
 
 // read is do for a read (idempotent) call: after a connection loss it tries
 // again, until ctx ends, while the client reconnects within the session.
+// It gives up at once when the client could reach no server
+// (zk.ErrNoServer), and after the session has been cut off for longer than
+// its timeout.
 func (d *Driver) read(ctx context.Context, f func() error) error {
 	for {
 		err := d.do(ctx, f)
 		if err == nil || !connLost(err) {
 			return err
+		}
+		if _, _, cerr := d.cutOff(); cerr != nil {
+			return fmt.Errorf("%w (last error: %w)", cerr, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -355,7 +404,10 @@ func newGUID() string {
 
 // create makes our lock node under parent in protection mode and returns its
 // path. If ctx ends first, the node (once created) is deleted in the
-// background.
+// background. So is a node whose create may have reached the server but
+// could not be found (the connection broke and the client could reach no
+// server again): the error is returned at once, and a background task
+// deletes the node carrying our GUID once it can.
 func (d *Driver) create(ctx context.Context, parent string) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
@@ -375,19 +427,18 @@ func (d *Driver) create(ctx context.Context, parent string) (string, error) {
 	)
 	var state atomic.Int32
 	started := d.bg.Go(func() {
-		p, err := d.createProtected(parent, guid)
-		if err != nil && connLost(err) {
+		p, maybe, err := d.createProtected(parent, guid)
+		if state.CompareAndSwap(pending, taken) {
+			ch <- result{p, err}
+		} else if p != "" {
+			d.deleteNode(p)
+		}
+		if maybe {
 			// The node may exist and we could not find it: delete
-			// whatever carries our GUID once we can.
+			// whatever carries our GUID once we can (the caller
+			// has its error already).
 			d.deleteByGUID(parent, guid)
 		}
-		if !state.CompareAndSwap(pending, taken) {
-			if p != "" {
-				d.deleteNode(p)
-			}
-			return
-		}
-		ch <- result{p, err}
 	})
 	if !started {
 		return "", backend.ErrClosed
@@ -414,49 +465,61 @@ func (d *Driver) create(ctx context.Context, parent string) (string, error) {
 // ZOOKEEPER-1262): on a connection loss during the create, the node may or
 // may not exist; we look for our GUID among the children before trying
 // again. A missing parent (a container node the server reaped) is created.
-func (d *Driver) createProtected(parent, guid string) (string, error) {
+// On error, maybe reports that a node carrying our GUID may exist (a create
+// in this session was cut by a connection loss).
+func (d *Driver) createProtected(parent, guid string) (path string, maybe bool, err error) {
 	name := parent + "/" + protectedPrefix + guid + "-lock-"
-	var err error
 	for range 5 {
 		var p string
 		p, err = d.conn.Create(name, nil, zk.FlagEphemeral|zk.FlagSequence, d.acl)
 		switch {
 		case err == nil:
-			return p, nil
+			return p, false, nil
 		case errors.Is(err, zk.ErrNoNode):
 			_, cerr := d.conn.CreateContainer(parent, nil, zk.FlagContainer, d.acl)
 			if cerr != nil && !errors.Is(cerr, zk.ErrNodeExists) {
-				return "", cerr
+				return "", maybe, cerr
 			}
 		case connLost(err):
+			maybe = true
 			p, found, ferr := d.findAfterLoss(parent, guid)
 			if ferr != nil {
-				return "", ferr
+				return "", true, ferr
 			}
 			if found {
-				return p, nil
+				return p, false, nil
 			}
+			// Not found, yet maybe stays set: the create may still
+			// commit, or the server we asked may lag behind.
 		case errors.Is(err, zk.ErrSessionExpired):
 			// A new session: the node cannot exist. Try again.
+			maybe = false
 		default:
-			return "", err
+			// zk.ErrNoServer among them: the client could reach no
+			// server, so the request was never sent.
+			return "", maybe, err
 		}
 	}
-	return "", err
+	return "", maybe, err
 }
 
 // connLost reports an error that means the connection broke: the request
 // may or may not have reached the server. The client library reports most
 // as ErrConnectionClosed, but a write on a connection that just broke
 // returns the network error itself.
+//
+// zk.ErrNoServer is not one: the client has tried every server, reached
+// none, and failed the requests it had not sent. The ensemble is
+// unreachable, and callers fail at once rather than wait for it.
 func connLost(err error) bool {
 	var ne net.Error
-	return errors.Is(err, zk.ErrConnectionClosed) || errors.Is(err, zk.ErrNoServer) ||
+	return errors.Is(err, zk.ErrConnectionClosed) ||
 		errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) || errors.As(err, &ne)
 }
 
 // findAfterLoss is findByGUID after a connection loss: it tries again while
-// the connection is being re-established.
+// the connection is being re-established (a few seconds at most), and gives
+// up at once if the client can reach no server.
 func (d *Driver) findAfterLoss(parent, guid string) (string, bool, error) {
 	for range 20 {
 		p, found, err := d.findByGUID(parent, guid)
@@ -492,10 +555,11 @@ func (d *Driver) findByGUID(parent, guid string) (string, bool, error) {
 // deleteByGUID deletes the lock node carrying guid, retrying until it is
 // gone, the session that could own it has ended, or the driver is closed.
 func (d *Driver) deleteByGUID(parent, guid string) {
-	for d.ctx.Err() == nil {
+	sid := d.conn.SessionID()
+	for d.ctx.Err() == nil && d.conn.SessionID() == sid {
 		p, found, err := d.findByGUID(parent, guid)
 		switch {
-		case err == nil && !found, errors.Is(err, zk.ErrNoNode):
+		case err == nil && !found, errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrSessionExpired):
 			return
 		case err == nil:
 			d.deleteNode(p)
@@ -511,7 +575,8 @@ func (d *Driver) deleteByGUID(parent, guid string) {
 // deleteNode deletes path (any version), retrying after connection losses;
 // it gives up when the node or its session is gone or the driver is closed.
 func (d *Driver) deleteNode(path string) {
-	for d.ctx.Err() == nil {
+	sid := d.conn.SessionID()
+	for d.ctx.Err() == nil && d.conn.SessionID() == sid {
 		err := d.conn.Delete(path, -1)
 		if err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrSessionExpired) || errors.Is(err, zk.ErrClosing) {
 			return
@@ -524,15 +589,11 @@ func (d *Driver) deleteNode(path string) {
 }
 
 // abandon deletes our node, for an acquire that failed or was cancelled
-// after the create: at once if the server answers within cleanupTimeout,
-// else in the background until it is gone or the session is.
+// after the create, or a release whose outcome is unknown: in the
+// background, so that the caller returns at once, retrying until the node
+// or its session is gone, or the driver is closed (Close waits for it; the
+// end of the session deletes the node anyway).
 func (d *Driver) abandon(node string) {
-	ctx, cancel := context.WithTimeout(d.ctx, cleanupTimeout)
-	defer cancel()
-	err := d.do(ctx, func() error { return d.conn.Delete(node, -1) })
-	if err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrSessionExpired) {
-		return
-	}
 	d.bg.Go(func() { d.deleteNode(node) })
 }
 
@@ -622,7 +683,9 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 
 // Acquire joins key's queue and waits until every node ahead of ours is
 // gone, watching only its immediate predecessor. On error or cancellation
-// our node is deleted.
+// it returns at once, and our node is deleted in the background. A waiter
+// cut off from the ensemble for longer than the session timeout gives up
+// (see await).
 func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
 	parent := d.parent(key)
 	node, err := d.create(ctx, parent)
@@ -655,11 +718,9 @@ func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (ba
 			d.abandon(node)
 			return nil, d.acquireErr(ctx, unavailable("watching the predecessor", err))
 		}
-		select {
-		case <-ev: // deleted, or the watch ended: look again
-		case <-ctx.Done():
+		if err := d.await(ctx, ev); err != nil {
 			d.abandon(node)
-			return nil, d.acquireErr(ctx, ctx.Err())
+			return nil, d.acquireErr(ctx, err)
 		}
 	}
 	l, err := d.grant(ctx, node, ttl)
@@ -668,6 +729,44 @@ func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (ba
 		return nil, d.acquireErr(ctx, err)
 	}
 	return l, nil
+}
+
+// await waits for ev, the watch on a waiter's predecessor, to fire (the
+// predecessor was deleted, or the watch ended), until ctx ends or the
+// session has been cut off for longer than its timeout: a waiter that
+// cannot know whether its node still exists gives up with ErrUnavailable
+// instead of waiting for the ensemble forever.
+func (d *Driver) await(ctx context.Context, ev <-chan zk.Event) error {
+	for {
+		left, changed, err := d.cutOff()
+		if err != nil {
+			return err
+		}
+		if done, err := d.awaitChange(ctx, ev, changed, left); done {
+			return err
+		}
+	}
+}
+
+// awaitChange is one wait of await: until ev fires or ctx ends (done), or
+// the connection's state changes or the time left runs out (not done: look
+// again). left 0 means no time limit.
+func (d *Driver) awaitChange(ctx context.Context, ev <-chan zk.Event, changed <-chan struct{}, left time.Duration) (done bool, err error) {
+	var expiry <-chan time.Time
+	if left > 0 {
+		t := time.NewTimer(left)
+		defer t.Stop()
+		expiry = t.C
+	}
+	select {
+	case <-ev:
+		return true, nil
+	case <-ctx.Done():
+		return true, ctx.Err()
+	case <-changed:
+	case <-expiry:
+	}
+	return false, nil
 }
 
 // acquireErr is the error of an acquire that failed with err. When ctx

@@ -1,0 +1,311 @@
+package zookeeper_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/zookeeper"
+)
+
+// cancelBound is how soon a cancelled Acquire must return while the server
+// does not answer: it waits for no server (the deletion of its node goes on
+// in the background), so this is generous. (The driver used to wait up to
+// 2s for the server to confirm the deletion.)
+const cancelBound = time.Second
+
+// waitQueue waits until key's queue holds exactly n lock nodes and returns
+// their names.
+func waitQueue(t *testing.T, admin *zk.Conn, key string, n int) []string {
+	t.Helper()
+	var (
+		kids []string
+		err  error
+	)
+	for end := time.Now().Add(slack); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		kids, _, err = admin.Children(parent(key))
+		if errors.Is(err, zk.ErrNoNode) {
+			kids, err = nil, nil
+		}
+		if err == nil && len(kids) == n {
+			return kids
+		}
+	}
+	t.Fatalf("queue of %q: %v (err %v), want %d nodes", key, kids, err, n)
+	return nil
+}
+
+// waitWatching waits until l's session watches the node path on the server
+// at addr (four-letter word wchc: watches by session): a waiter watching
+// its predecessor is queued.
+func waitWatching(t *testing.T, addr string, l *dlock.Locker, path string) {
+	t.Helper()
+	var c *zk.Conn
+	if !l.As(&c) {
+		t.Fatal("Locker.As(**zk.Conn) = false")
+	}
+	session := fmt.Sprintf("0x%x", c.SessionID())
+	var out string
+	for end := time.Now().Add(slack); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		var err error
+		out, err = fourLetter(addr, "wchc")
+		if err != nil {
+			continue
+		}
+		mine := false
+		for line := range strings.Lines(out) {
+			line = strings.TrimSpace(line)
+			switch {
+			case strings.HasPrefix(line, "0x"):
+				mine = line == session
+			case mine && line == path:
+				return
+			}
+		}
+	}
+	t.Fatalf("session %s does not watch %s: wchc says %q", session, path, out)
+}
+
+// errNoReturn is waitResult's error when the call has not returned.
+var errNoReturn = errors.New("no return")
+
+// waitResult waits up to bound for a call's outcome on got.
+func waitResult(got <-chan error, bound time.Duration) error {
+	select {
+	case err := <-got:
+		return err
+	case <-time.After(bound):
+		return errNoReturn
+	}
+}
+
+// acquireAsync runs l.Acquire(ctx, key) in a goroutine and sends its error
+// on the channel it returns; a lease it gets is released and reported as an
+// error.
+func acquireAsync(ctx context.Context, l *dlock.Locker, key string) <-chan error {
+	got := make(chan error, 1)
+	go func() {
+		le, err := l.Acquire(ctx, key, nil)
+		if err == nil {
+			_ = le.Release(context.WithoutCancel(ctx))
+			err = errors.New("granted")
+		}
+		got <- err
+	}()
+	return got
+}
+
+// TestCreateLostThenUnreachable: the connection breaks right after a
+// create request reached the server and the client can reach no server
+// afterwards, so protection mode cannot look for the node. Acquire (without
+// a deadline) fails with ErrUnavailable at once instead of waiting for the
+// ensemble; the orphan node is deleted in the background once the server
+// can be reached again (well within the session timeout, so it is the
+// driver's deletion, not the session's end).
+func TestCreateLostThenUnreachable(t *testing.T) {
+	t.Parallel()
+	srv := servers.ZooKeeper(t, 1).Servers()
+	admin := adminConn(t, srv)
+	cut := &cutter{}
+	a := newLocker(t, srv, &zookeeper.Options{Dialer: cut.dial})
+	b := newLocker(t, srv, nil)
+	key := uniqueKey(t)
+	prime(t, b, key)
+
+	cut.armPartition()
+	defer cut.partition(false)
+	got := acquireAsync(t.Context(), a, key)
+	// The request never sent is failed after one reconnect cycle; give
+	// it two (one may be under way when the connection breaks).
+	bound := 2*reconnectCycle(len(srv)) + 5*time.Second
+	err := waitResult(got, bound)
+	if cut.cutCount() != 1 {
+		t.Fatalf("the connection was not cut during the create")
+	}
+	if err == errNoReturn {
+		cut.partition(false)
+		t.Fatalf("Acquire without a deadline, server unreachable, did not return within %v (then: %v)", bound, <-got)
+	}
+	if !errors.Is(err, dlock.ErrUnavailable) {
+		t.Fatalf("Acquire, server unreachable after the create = %v, want ErrUnavailable", err)
+	}
+	t.Logf("Acquire: %v", err)
+	// The server did create the node: it is there while we are cut off.
+	waitQueue(t, admin, key, 1)
+
+	cut.partition(false)
+	waitNoNodes(t, admin, key)
+	lb, err := b.TryAcquire(t.Context(), key, nil)
+	if err != nil {
+		t.Fatalf("TryAcquire after the orphan's clean-up: %v", err)
+	}
+	_ = lb.Release(t.Context())
+}
+
+// TestEnsembleStopped: on a server of its own, (1) a waiter cancelled
+// while the server is frozen returns at once, and its node is deleted once
+// the server answers; (2) with the server stopped, a queued waiter gives up
+// with ErrUnavailable a session timeout after its connection broke, and a
+// new Acquire or TryAcquire (without a deadline) fails with ErrUnavailable
+// after one reconnect cycle of the client; (3) once the server is back,
+// no node of theirs is left and the lock serves again.
+func TestEnsembleStopped(t *testing.T) {
+	t.Parallel()
+	e, err := servers.StartZooKeeper(t.Context(), 1)
+	if err != nil {
+		t.Fatalf("starting a server: %v", err)
+	}
+	t.Cleanup(func() { _ = e.Terminate(context.WithoutCancel(t.Context())) })
+	srv := e.Servers()
+	admin := adminConn(t, srv)
+	holder, a := newLocker(t, srv, nil), newLocker(t, srv, nil)
+	const waiterSession = 4 * time.Second
+	w := newLocker(t, srv, &zookeeper.Options{SessionTimeout: waiterSession})
+	key := uniqueKey(t)
+	lh, err := holder.Acquire(t.Context(), key, &dlock.AcquireOptions{TTL: testSession})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := waitQueue(t, admin, key, 1)[0]
+
+	// (1) Cancelled while the server is frozen.
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	got := acquireAsync(ctx, a, key)
+	waitWatching(t, srv[0], a, parent(key)+"/"+held)
+	if err := e.Members[0].Pause(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	err = waitResult(got, cancelBound)
+	if err == errNoReturn {
+		t.Errorf("cancelled Acquire, server frozen, did not return within %v", cancelBound)
+		err = <-got
+	}
+	if err := e.Members[0].Unpause(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled Acquire = %v, want ErrNotAcquired and Canceled", err)
+	}
+	waitQueue(t, admin, key, 1) // the holder's node only
+
+	// (2) Stopped.
+	if bound := w.Limits().MaxTTL; bound != waiterSession {
+		t.Fatalf("waiter's session timeout %v, want %v", bound, waiterSession)
+	}
+	got = acquireAsync(t.Context(), w, key)
+	waitWatching(t, srv[0], w, parent(key)+"/"+held)
+	if err := e.Members[0].Stop(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// The waiter gives up a session timeout after its connection broke.
+	bound := waiterSession + 5*time.Second
+	if err := waitResult(got, bound); err == errNoReturn {
+		t.Errorf("queued Acquire without a deadline, server stopped, did not return within %v", bound)
+	} else if !errors.Is(err, dlock.ErrUnavailable) {
+		t.Errorf("queued Acquire, server stopped = %v, want ErrUnavailable", err)
+	} else {
+		t.Logf("queued Acquire: %v", err)
+	}
+	// A new Acquire fails after one reconnect cycle of the client.
+	bound = reconnectCycle(len(srv)) + 5*time.Second
+	if err := waitResult(acquireAsync(t.Context(), a, key), bound); err == errNoReturn {
+		t.Errorf("Acquire without a deadline, server stopped, did not return within %v", bound)
+	} else if !errors.Is(err, dlock.ErrUnavailable) {
+		t.Errorf("Acquire, server stopped = %v, want ErrUnavailable", err)
+	} else {
+		t.Logf("Acquire: %v", err)
+	}
+	tried := make(chan error, 1)
+	go func() {
+		_, err := a.TryAcquire(t.Context(), key, nil)
+		tried <- err
+	}()
+	if err := waitResult(tried, bound); err == errNoReturn {
+		t.Errorf("TryAcquire without a deadline, server stopped, did not return within %v", bound)
+	} else if !errors.Is(err, dlock.ErrUnavailable) {
+		t.Errorf("TryAcquire, server stopped = %v, want ErrUnavailable", err)
+	}
+
+	// (3) Back.
+	if err := e.Members[0].Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	waitQueue(t, admin, key, 1) // the holder's node only
+	awaitSession(t, holder)
+	if err := lh.Release(t.Context()); err != nil {
+		t.Fatalf("holder's Release after the restart: %v", err)
+	}
+	waitNoNodes(t, admin, key)
+	awaitSession(t, a)
+	la, err := a.TryAcquire(t.Context(), key, nil)
+	if err != nil {
+		t.Fatalf("TryAcquire after the restart: %v", err)
+	}
+	if la.Token() <= lh.Token() {
+		t.Errorf("token %d not above the earlier %d", la.Token(), lh.Token())
+	}
+	_ = la.Release(t.Context())
+}
+
+// TestWaiterSessionExpires: a waiter is cut off from the ensemble while
+// queued, until the server expires its session and deletes its node. When
+// the holder then releases, the waiter must not be granted the lock: it
+// fails (with ErrUnavailable: its session has been cut off for longer than
+// its timeout) while still cut off, without a ctx deadline. No node is left
+// once it is back.
+func TestWaiterSessionExpires(t *testing.T) {
+	t.Parallel()
+	srv := servers.ZooKeeper(t, 1).Servers()
+	admin := adminConn(t, srv)
+	cut := &cutter{}
+	holder := newLocker(t, srv, nil)
+	const waiterSession = 2 * time.Second
+	w := newLocker(t, srv, &zookeeper.Options{Dialer: cut.dial, SessionTimeout: waiterSession})
+	key := uniqueKey(t)
+	lh, err := holder.Acquire(t.Context(), key, &dlock.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := waitQueue(t, admin, key, 1)[0]
+	got := acquireAsync(t.Context(), w, key)
+	waitWatching(t, srv[0], w, parent(key)+"/"+held)
+
+	cut.partition(true)
+	defer cut.partition(false)
+	// The server expires the waiter's session and deletes its node.
+	if left := waitQueue(t, admin, key, 1); left[0] != held {
+		t.Fatalf("queue after the waiter's expiry: %v, want the holder's node %s", left, held)
+	}
+	if err := lh.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	err = waitResult(got, slack)
+	if err == errNoReturn {
+		cut.partition(false)
+		t.Fatalf("waiter whose session expired while queued did not return within %v while cut off (after reconnecting: %v)", slack, <-got)
+	}
+	if !errors.Is(err, dlock.ErrLeaseLost) && !errors.Is(err, dlock.ErrUnavailable) {
+		t.Fatalf("waiter whose session expired while queued = %v, want ErrLeaseLost or ErrUnavailable", err)
+	}
+	t.Logf("waiter: %v", err)
+	cut.partition(false)
+	waitNoNodes(t, admin, key)
+	awaitSession(t, w)
+	lw, err := w.TryAcquire(t.Context(), key, nil)
+	if err != nil {
+		t.Fatalf("TryAcquire by the waiter's Locker once back: %v", err)
+	}
+	if lw.Token() <= lh.Token() {
+		t.Errorf("token %d not above the earlier %d", lw.Token(), lh.Token())
+	}
+	_ = lw.Release(t.Context())
+}
