@@ -38,7 +38,12 @@
 //     deletes its waiter key.
 //   - Release deletes the key in a transaction that compares its create
 //     revision (so it never deletes a newer holder's key), then revokes the
-//     lease. Releasing a lost lease returns ErrNotHeld.
+//     lease. Releasing a lost lease returns ErrNotHeld. If the delete fails
+//     (Release's ctx had ended already, or the cluster did not answer), the
+//     lease is revoked all the same, with a context of its own (2s, then
+//     retried in the background until the TTL has passed), which deletes
+//     the key: the lock is not left held for the rest of its TTL. Release
+//     still returns the delete's error.
 //
 // # Fencing token
 //

@@ -219,3 +219,54 @@ func TestOpenForCorrectness(t *testing.T) {
 	}
 	_ = l.Close()
 }
+
+// TestReleaseWithEndedContext: a Release whose context has already ended
+// (`defer lease.Release(reqCtx)` after the request was cancelled, or its
+// deadline passed) cannot delete the key with that context; it must still
+// free the lock at once, not leave it held for the lease's whole TTL.
+func TestReleaseWithEndedContext(t *testing.T) {
+	t.Parallel()
+	eps := servers.Etcd(t, 1).Endpoints()
+	for _, how := range []string{"cancelled", "deadline"} {
+		t.Run(how, func(t *testing.T) {
+			a, b := newLocker(t, eps, nil), newLocker(t, eps, nil)
+			key := uniqueKey(t)
+			const ttl = 30 * time.Second
+			la, err := a.Acquire(t.Context(), key, &dlock.AcquireOptions{TTL: ttl})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ctx context.Context
+			var cancel context.CancelFunc
+			if how == "cancelled" {
+				ctx, cancel = context.WithCancel(t.Context())
+			} else {
+				ctx, cancel = context.WithDeadline(t.Context(), time.Now().Add(-time.Second))
+			}
+			cancel()
+			rerr := la.Release(ctx)
+			t.Logf("Release with a %s context: %v", how, rerr)
+
+			// Far below the TTL: the lock must have been given up.
+			const within = 5 * time.Second
+			ctx, cancel = context.WithTimeout(t.Context(), within)
+			defer cancel()
+			start := time.Now()
+			lb, err := b.Acquire(ctx, key, &dlock.AcquireOptions{TTL: ttl})
+			if err != nil {
+				t.Fatalf("a second Locker did not get the key within %v of a Release with a %s context (TTL %v): %v",
+					within, how, ttl, err)
+			}
+			t.Logf("the second Locker got the key after %v", time.Since(start).Round(time.Millisecond))
+			if lb.Token() <= la.Token() {
+				t.Errorf("token %d not above the released %d", lb.Token(), la.Token())
+			}
+			if err := la.Release(t.Context()); !errors.Is(err, dlock.ErrNotHeld) {
+				t.Errorf("a second Release of the first lease = %v, want ErrNotHeld", err)
+			}
+			if err := lb.Release(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

@@ -191,19 +191,23 @@ func (l *lease) settleMove(ctx context.Context, old, nw clientv3.LeaseID) {
 }
 
 // Release deletes our key if it is still ours (a transaction on its create
-// revision), then revokes the lease.
+// revision), then revokes the lease. If the delete fails (ctx has ended
+// already, as with `defer lease.Release(reqCtx)` after a cancelled request;
+// or the cluster did not answer), revoking the lease, with a context of its
+// own, deletes the key anyway: the lock is freed at once instead of staying
+// held for the rest of the TTL. Release then still returns the delete's
+// error.
 func (l *lease) Release(ctx context.Context) error {
 	l.releasing.Store(true)
 	tr, err := l.w.d.client.Txn(ctx).If(l.owned()...).Then(clientv3.OpDelete(l.w.myKey)).Commit()
-	if err != nil {
-		l.releasing.Store(false)
-		return unavailable("deleting the lock key", err)
-	}
 	l.stop()
 	l.leaseMu.Lock()
-	w := &waiter{d: l.w.d, id: l.w.id}
+	w := &waiter{d: l.w.d, id: l.w.id, ttl: l.w.ttl}
 	l.leaseMu.Unlock()
-	w.revoke(ctx)
+	w.revoke(ctx) // ignores ctx's end; the only key on the lease is ours
+	if err != nil {
+		return unavailable("deleting the lock key", err)
+	}
 	if !tr.Succeeded {
 		return fmt.Errorf("%w: etcd: the lock key is gone", backend.ErrNotHeld)
 	}
