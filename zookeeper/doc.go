@@ -75,9 +75,13 @@
 //
 // Acquire and TryAcquire report an unreachable ensemble at once, without a
 // ctx deadline: once the client has tried every server and reached none
-// (zk.ErrNoServer: at most a second per server, plus a second), the call
-// fails with ErrUnavailable; a request cut by a broken connection is tried
-// again while the client reconnects. A waiter already queued keeps waiting
+// (zk.ErrNoServer: at most a second per server that is down, plus a
+// second), the call fails with ErrUnavailable; a request cut by a broken
+// connection is tried again while the client reconnects. A frozen server
+// that still accepts connections is slower to give up on: go-zookeeper
+// waits up to 2/3 of the session timeout for an answer to a request, and
+// ten times that for the answer to a connection's handshake, so pass a ctx
+// deadline where that matters. A waiter already queued keeps waiting
 // while disconnected (its node lives as long as its session), and gives up
 // with ErrUnavailable once it has been without a connection for longer than
 // the session timeout: by then its session has expired, unless the whole
