@@ -826,7 +826,8 @@ func (s *suite) waitLongerThanTTL(t *testing.T) {
 // cancelRacingGrant: acquires whose context ends at about the moment the
 // server grants the lock either return a lease or leave nothing behind: no
 // lock held for its TTL by nobody, no goroutine. Their deadlines spread over
-// the first couple of milliseconds, where the grant's round trip ends.
+// twice the time an acquire and release take, so that some fall inside the
+// grant's round trip.
 func (s *suite) cancelRacingGrant(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	func() {
@@ -841,9 +842,18 @@ func (s *suite) cancelRacingGrant(t *testing.T) {
 		}
 		defer b.Close()
 		k := key(t)
+		// How long an acquire and release take here, connections made
+		// (the first one dials): the deadlines spread over twice that.
+		release(t, acquire(t, a, k, &dlock.AcquireOptions{TTL: time.Minute}))
+		took := time.Hour
+		for range 3 {
+			start := time.Now()
+			release(t, acquire(t, a, k, &dlock.AcquireOptions{TTL: time.Minute}))
+			took = min(took, time.Since(start))
+		}
 		granted, cancelled := 0, 0
 		for i := range 40 {
-			ctx, cancel := context.WithTimeout(t.Context(), time.Duration(i%20)*150*time.Microsecond)
+			ctx, cancel := context.WithTimeout(t.Context(), time.Duration(i%20)*took/10)
 			le, err := a.Acquire(ctx, k, &dlock.AcquireOptions{TTL: time.Minute})
 			cancel()
 			if err == nil {
@@ -863,7 +873,7 @@ func (s *suite) cancelRacingGrant(t *testing.T) {
 			}
 			release(t, lb)
 		}
-		t.Logf("%d acquires granted, %d cut short", granted, cancelled)
+		t.Logf("deadlines up to %v: %d acquires granted, %d cut short", 2*took, granted, cancelled)
 		s.noResidue(t, k, "after acquires cut short")
 	}()
 }
