@@ -248,7 +248,9 @@ type Waiter interface {
 type Queuer interface {
 	// Acquire joins the queue for key and returns when the lock is
 	// granted. When ctx ends first it returns an error wrapping ctx.Err()
-	// (and [ErrNotAcquired]) after removing this waiter from the server.
+	// (and [ErrNotAcquired]) and removes this waiter from the server, at
+	// once or in the background after returning (bounded; Close waits for
+	// it).
 	// While it waits, the backend keeps the waiter's own lease alive; a
 	// waiter whose lease is lost while queued returns an error, never a
 	// grant. The returned Lease's TTL counts from the moment given by
