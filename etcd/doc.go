@@ -32,7 +32,12 @@
 //   - While queued, the waiter keeps its own lease alive. When no older
 //     key is left, it checks that its own key still exists: a waiter whose
 //     lease expired while queued fails, it is never granted the lock
-//     (etcd issues #11456, #19597).
+//     (etcd issues #11456, #19597). A waiter that gets no keepalive
+//     answered for its TTL (its member is cut off from the others, or the
+//     cluster has no quorum) fails then too, with ErrUnavailable, since its
+//     lease may have expired. Watches require a leader
+//     (clientv3.WithRequireLeader): a member without one cancels them
+//     instead of leaving a waiter or a holder's loss watch hanging on it.
 //   - TryAcquire joins the queue and, if it is not first, revokes its lease
 //     at once. A cancelled or failed Acquire revokes its lease too, which
 //     deletes its waiter key.
@@ -72,7 +77,8 @@
 //
 // Each Lease watches its own key: its deletion (the lease expired, was
 // revoked, or someone deleted the key) fires Done with ErrLeaseLost, usually
-// before the local deadline. Without AutoRefresh the lease simply runs out
+// before the local deadline. The watch ends with the report (no watcher is
+// left on the server), or at Release. Without AutoRefresh the lease simply runs out
 // at its TTL, as on every dlock backend.
 //
 // # Guarantees

@@ -23,6 +23,10 @@ const DefaultPrefix = "dlock/"
 // failed, was cancelled, or found the key held.
 const cleanupTimeout = 2 * time.Second
 
+// watchRetryPause is the pause before a waiter reads its queue again after
+// its watch broke.
+const watchRetryPause = 50 * time.Millisecond
+
 // maxTTL is etcd's longest lease (its MaxLeaseTTL, 9e9 seconds).
 const maxTTL = 9_000_000_000 * time.Second
 
@@ -255,8 +259,9 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 // at the revision after the read that found the predecessor, so the
 // watcher is served from etcd's synced group and wakes within a round trip
 // of the delete. While queued, the waiter's lease is kept alive; if it is
-// lost anyway (a long partition), Acquire fails with ErrUnavailable. On any
-// error or cancellation the lease is revoked, which removes the waiter key.
+// lost anyway, or no keepalive was answered for its TTL (a partition, a
+// cluster without quorum), Acquire fails with ErrUnavailable. On any error
+// or cancellation the lease is revoked, which removes the waiter key.
 func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
 	w, first, err := d.enqueue(ctx, key, ttl)
 	if err != nil {
@@ -316,14 +321,23 @@ func waitErr(ctx context.Context, err error) error {
 	return err
 }
 
-// waitDelete waits for the deletion of key, watching from rev.
+// waitDelete waits for the deletion of key, watching from rev. The watch
+// requires a leader: a member cut off from the others cancels it, and the
+// queue is read again (through a member that has a leader, or the read
+// fails).
 func (w *waiter) waitDelete(ctx context.Context, key string, rev int64) error {
-	wctx, cancel := context.WithCancel(ctx)
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	for wr := range w.d.client.Watch(wctx, key, clientv3.WithRev(rev), clientv3.WithFilterPut()) {
 		if err := wr.Err(); err != nil {
-			// Compacted, or cancelled by the server: read the queue
-			// again.
+			// Compacted, or cancelled by the server (no leader, say):
+			// read the queue again, after a pause so that a watch
+			// refused at once is not retried in a tight loop.
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(watchRetryPause):
+			}
 			return nil
 		}
 		for _, ev := range wr.Events {
@@ -341,7 +355,10 @@ func (w *waiter) waitDelete(ctx context.Context, key string, rev int64) error {
 
 // keepAlive renews the waiter's lease every third of its TTL until ctx
 // ends, recording when each successful renewal was sent. If the server
-// says the lease is gone, it cancels the wait with that as the cause.
+// says the lease is gone, or the TTL has passed since the last renewal the
+// cluster answered (a partition, a cluster without quorum: the lease may
+// have expired, and a grant made on it could not be trusted), it cancels
+// the wait with that as the cause.
 func (w *waiter) keepAlive(ctx context.Context, cancel context.CancelCauseFunc) {
 	interval := w.ttl / 3
 	t := time.NewTimer(interval)
@@ -352,8 +369,18 @@ func (w *waiter) keepAlive(ctx context.Context, cancel context.CancelCauseFunc) 
 			return
 		case <-t.C:
 		}
+		expiry := w.anchor.Add(w.ttl) // the lease may have run out from here on
 		sent := time.Now()
-		resp, err := w.d.client.KeepAliveOnce(ctx, w.id)
+		if !sent.Before(expiry) {
+			cancel(fmt.Errorf("%w: etcd: no keepalive of the waiter's lease was answered for its TTL (%v): it may have expired while queued",
+				backend.ErrUnavailable, w.ttl))
+			return
+		}
+		// The client retries a keepalive that gets no answer until its
+		// context ends: bound it by the lease's possible expiry.
+		kctx, kcancel := context.WithDeadline(ctx, expiry)
+		resp, err := w.d.client.KeepAliveOnce(kctx, w.id)
+		kcancel()
 		switch {
 		case err == nil && resp.TTL > 0:
 			w.anchor = sent // read by wait's caller only after this goroutine ended
@@ -362,8 +389,9 @@ func (w *waiter) keepAlive(ctx context.Context, cancel context.CancelCauseFunc) 
 			cancel(fmt.Errorf("%w: etcd: the waiter's lease expired while it was queued", backend.ErrUnavailable))
 			return
 		default:
-			// A transient failure: try again soon.
-			t.Reset(interval / 4)
+			// A transient failure: try again soon, and at the latest
+			// when the lease may have run out.
+			t.Reset(max(0, min(interval/4, time.Until(expiry))))
 		}
 	}
 }

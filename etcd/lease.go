@@ -217,13 +217,16 @@ func (l *lease) Release(ctx context.Context) error {
 // watchLoss watches our key from the revision after its creation and
 // reports its deletion (lease expired or revoked, key deleted) as a loss,
 // unless our own Release deleted it. If the watch breaks (compaction, a
-// cancelled watch), it reads the key and watches again.
+// cancelled watch, a member that lost its leader: the watch requires one),
+// it reads the key and watches again. Each watch is cancelled when it ends,
+// so no watcher is left on the server once the loss is reported.
 func (l *lease) watchLoss(ctx context.Context) {
 	c := l.w.d.client
 	rev := l.w.rev + 1
 	for ctx.Err() == nil {
 		gone := false
-		for wr := range c.Watch(ctx, l.w.myKey, clientv3.WithRev(rev), clientv3.WithFilterPut()) {
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		for wr := range c.Watch(wctx, l.w.myKey, clientv3.WithRev(rev), clientv3.WithFilterPut()) {
 			if wr.Err() != nil {
 				break
 			}
@@ -236,6 +239,7 @@ func (l *lease) watchLoss(ctx context.Context) {
 				break
 			}
 		}
+		cancel()
 		if ctx.Err() != nil {
 			return
 		}
