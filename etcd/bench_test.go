@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -100,8 +102,8 @@ func BenchmarkCycle(b *testing.B) {
 // (conformance.BenchHandoff: 8 goroutines, each with its own client):
 //
 //	mutex   concurrency.Mutex, one Session per goroutine
-//	locker  dlock Locker.Acquire (predecessor watch from the header
-//	        revision + 1)
+//	locker  dlock Locker.Acquire (predecessor watch from the current
+//	        revision, the predecessor read again if a write came between)
 func BenchmarkHandoff(b *testing.B) {
 	const goroutines = 8
 	eps := servers.Etcd(b, 1).Endpoints()
@@ -136,4 +138,75 @@ func BenchmarkHandoff(b *testing.B) {
 			conformance.BenchHandoff(b, locks)
 		})
 	}
+}
+
+// BenchmarkHandoffLatency is BenchmarkHandoff's locker case (8 goroutines,
+// each with its own client, on one key) reporting the distribution of the
+// handoff times instead of their mean: p50-ns, p90-ns, p99-ns, max-ns, and
+// slow-%, the share of handoffs that took longer than 50ms (a waiter served
+// by etcd's 100ms unsynced-watcher loop instead of at once).
+//
+//	make bench ARGS='-bench HandoffLatency -count 5 ./etcd/'
+func BenchmarkHandoffLatency(b *testing.B) {
+	const goroutines = 8
+	eps := servers.Etcd(b, 1).Endpoints()
+	key := fmt.Sprintf("bench/handoff-latency/%d", time.Now().UnixNano())
+	ao := &dlock.AcquireOptions{TTL: 10 * time.Second}
+	locks := make([]conformance.LockFunc, goroutines)
+	for i := range locks {
+		locks[i] = conformance.LockerFunc(newLocker(b, eps, nil), key, ao)
+	}
+	var (
+		next   atomic.Int64
+		last   atomic.Int64 // nanoseconds since start of the last release; -1 once taken
+		lastBy atomic.Int64
+		mu     sync.Mutex
+		waits  []time.Duration
+	)
+	start := time.Now()
+	last.Store(-1)
+	b.ResetTimer()
+	b.SetParallelism(max(1, goroutines/runtime.GOMAXPROCS(0)))
+	b.RunParallel(func(pb *testing.PB) {
+		me := next.Add(1) - 1
+		lock := locks[me%goroutines]
+		ctx := context.Background()
+		for pb.Next() {
+			unlock, err := lock(ctx)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if at := last.Swap(-1); at >= 0 && lastBy.Load() != me {
+				w := time.Since(start) - time.Duration(at)
+				mu.Lock()
+				waits = append(waits, w)
+				mu.Unlock()
+			}
+			lastBy.Store(me)
+			if err := unlock(ctx); err != nil {
+				b.Error(err)
+				return
+			}
+			last.Store(int64(time.Since(start)))
+		}
+	})
+	b.StopTimer()
+	if len(waits) == 0 {
+		return
+	}
+	slices.Sort(waits)
+	q := func(f float64) float64 { return float64(waits[min(len(waits)-1, int(f*float64(len(waits))))]) }
+	slow := 0
+	for _, w := range waits {
+		if w > 50*time.Millisecond {
+			slow++
+		}
+	}
+	b.ReportMetric(q(0.5), "p50-ns")
+	b.ReportMetric(q(0.9), "p90-ns")
+	b.ReportMetric(q(0.99), "p99-ns")
+	b.ReportMetric(float64(waits[len(waits)-1]), "max-ns")
+	b.ReportMetric(100*float64(slow)/float64(len(waits)), "slow-%")
+	b.ReportMetric(float64(len(waits)), "handoffs")
 }

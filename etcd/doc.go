@@ -25,10 +25,15 @@
 //     Mutexes on one Session do) makes the second lock a no-op.
 //   - The oldest key (lowest create revision) holds the lock; the others
 //     are the FIFO queue. A waiter watches only its immediate predecessor
-//     (no herd effect), from the revision after the read that found it.
-//     (concurrency.Mutex watches from a revision the server has already
-//     passed, which puts the watcher in etcd's "unsynced" group, served
-//     every 100 ms: handoffs take ~100 ms instead of a round trip.)
+//     (no herd effect), from the server's current revision; if the watch's
+//     created notice shows a write since the read that found the
+//     predecessor, it reads the predecessor once more and goes on if it is
+//     gone. A watch from a revision the server has already passed
+//     (concurrency.Mutex's, or one from the read's revision + 1 when
+//     another write lands before the watch is registered) is put in etcd's
+//     "unsynced" group, served every 100 ms; this one never is, so a waiter
+//     wakes within a round trip of the release (BenchmarkHandoffLatency:
+//     no handoff over 50ms, where ~6% were before).
 //   - While queued, the waiter keeps its own lease alive. When no older
 //     key is left, it checks that its own key still exists: a waiter whose
 //     lease expired while queued fails, it is never granted the lock

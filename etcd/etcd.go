@@ -54,6 +54,8 @@ type Driver struct {
 	cancel context.CancelFunc
 	once   sync.Once
 	bg     bg.Group // loss watchers and revoke retries; Close waits for them
+
+	afterQueueRead func() // tests: called between a waiter's queue read and its watch
 }
 
 // New checks opts, asks the cluster for its member list (to report how
@@ -256,9 +258,10 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 
 // Acquire joins key's queue and waits for every waiter ahead of it to go,
 // watching only its immediate predecessor (no herd effect). The watch starts
-// at the revision after the read that found the predecessor, so the
-// watcher is served from etcd's synced group and wakes within a round trip
-// of the delete. While queued, the waiter's lease is kept alive; if it is
+// at the server's current revision, so the watcher is in etcd's synced group
+// and wakes within a round trip of the delete; a delete between the read
+// that found the predecessor and the watch is caught by a second read (see
+// waitDelete). While queued, the waiter's lease is kept alive; if it is
 // lost anyway, or no keepalive was answered for its TTL (a partition, a
 // cluster without quorum), Acquire fails with ErrUnavailable. On any error
 // or cancellation the lease is revoked, which removes the waiter key.
@@ -297,7 +300,11 @@ func (w *waiter) wait(ctx context.Context) error {
 		if len(resp.Kvs) == 0 {
 			break
 		}
-		if err := w.waitDelete(ctx, string(resp.Kvs[0].Key), resp.Header.Revision+1); err != nil {
+		pred := resp.Kvs[0]
+		if w.d.afterQueueRead != nil {
+			w.d.afterQueueRead()
+		}
+		if err := w.waitDelete(ctx, string(pred.Key), pred.CreateRevision, resp.Header.Revision); err != nil {
 			return waitErr(ctx, err)
 		}
 	}
@@ -321,14 +328,25 @@ func waitErr(ctx context.Context, err error) error {
 	return err
 }
 
-// waitDelete waits for the deletion of key, watching from rev. The watch
-// requires a leader: a member cut off from the others cancels it, and the
-// queue is read again (through a member that has a leader, or the read
-// fails).
-func (w *waiter) waitDelete(ctx context.Context, key string, rev int64) error {
+// waitDelete waits for the deletion of key (created at createRev), which a
+// read at revision readRev found in the queue.
+//
+// The watch starts at the server's current revision, so it is always in
+// etcd's synced group and a delete reaches it within a round trip. (A watch
+// from readRev+1 is synced only if nothing was written since the read;
+// otherwise the server has passed its start and puts it in the unsynced
+// group, whose events are sent by a loop every 100ms.) Whatever happened
+// between the read and the watch's creation is covered by the revision in
+// the watch's created notice: if it is above readRev, something was
+// written in between, perhaps the delete, and key is read once more.
+//
+// The watch requires a leader: a member cut off from the others cancels
+// it, and the queue is read again (through a member that has a leader, or
+// the read fails).
+func (w *waiter) waitDelete(ctx context.Context, key string, createRev, readRev int64) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	for wr := range w.d.client.Watch(wctx, key, clientv3.WithRev(rev), clientv3.WithFilterPut()) {
+	for wr := range w.d.client.Watch(wctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify()) {
 		if err := wr.Err(); err != nil {
 			// Compacted, or cancelled by the server (no leader, say):
 			// read the queue again, after a pause so that a watch
@@ -339,6 +357,19 @@ func (w *waiter) waitDelete(ctx context.Context, key string, rev int64) error {
 			case <-time.After(watchRetryPause):
 			}
 			return nil
+		}
+		if wr.Created {
+			if wr.Header.Revision <= readRev {
+				continue // nothing was written since the read
+			}
+			resp, err := w.d.client.Get(wctx, key)
+			if err != nil {
+				return unavailable("reading the predecessor", err)
+			}
+			if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != createRev {
+				return nil // deleted before the watch began
+			}
+			continue
 		}
 		for _, ev := range wr.Events {
 			if ev.Type == clientv3.EventTypeDelete {

@@ -10,3 +10,7 @@ func Dir(d *Driver, key string) string { return d.dir(key) }
 
 // ParseURL exposes the URL parser to the tests.
 var ParseURL = parseURL
+
+// AfterQueueRead makes d call f each time a waiter has read its queue and
+// found a predecessor, before it starts watching it.
+func AfterQueueRead(d *Driver, f func()) { d.afterQueueRead = f }

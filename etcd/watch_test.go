@@ -176,3 +176,159 @@ func TestWaiterPartitioned(t *testing.T) {
 		t.Logf("holder: %v", err)
 	}
 }
+
+// metric reads a counter or gauge (its first sample) from the member at
+// addr.
+func metric(ctx context.Context, addr, name string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if n, v, ok := strings.Cut(sc.Text(), " "); ok && n == name {
+			return strconv.ParseFloat(v, 64)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return 0, fmt.Errorf("no metric %s at %s", name, addr)
+}
+
+// TestWaiterWatchStartsNow: a waiter's predecessor watch starts at the
+// server's current revision, never at one the server has passed (such a
+// watch is served by etcd's unsynced-watcher loop, every 100ms), and what
+// happened between the queue read and the watch's creation is not missed.
+//
+//   - deleted-before-watch: the predecessor is deleted between the
+//     waiter's queue read and its watch. The waiter must be granted
+//     without any watch event sent to it (the server's
+//     etcd_debugging_mvcc_events_total does not move): a watch from the
+//     read's revision + 1 would get that delete, late, from the unsynced
+//     loop.
+//   - write-before-watch: an unrelated write lands between the read and the
+//     watch, the predecessor goes later: the waiter is woken by its watch.
+func TestWaiterWatchStartsNow(t *testing.T) {
+	t.Parallel()
+	c, err := servers.StartEtcd(t.Context(), 1)
+	if err != nil {
+		t.Fatalf("starting etcd: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Terminate(context.WithoutCancel(t.Context())) })
+	addr := c.Members[0].Addr()
+	admin := newClient(t, c.Endpoints())
+
+	// waiterLocker returns a Locker whose driver calls hook between its
+	// queue read and its watch.
+	waiterLocker := func(t *testing.T, hook func()) *dlock.Locker {
+		cli := newClient(t, c.Endpoints())
+		d, err := etcd.NewDriver(t.Context(), cli, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		etcd.AfterQueueRead(d, hook)
+		l := dlock.New(d, nil)
+		t.Cleanup(func() { _ = l.Close() })
+		return l
+	}
+	// predecessor puts a key ahead of the waiter in key's queue.
+	predecessor := func(t *testing.T, key string) string {
+		g, err := admin.Grant(t.Context(), 60)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := dir(key) + "0"
+		if _, err := admin.Put(t.Context(), k, "", clientv3.WithLease(g.ID)); err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	acquire := func(t *testing.T, l *dlock.Locker, key string) <-chan *dlock.Lease {
+		got := make(chan *dlock.Lease, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(t.Context(), slack)
+			defer cancel()
+			le, err := l.Acquire(ctx, key, &dlock.AcquireOptions{TTL: time.Minute})
+			if err != nil {
+				t.Errorf("the waiter's Acquire: %v", err)
+			}
+			got <- le
+		}()
+		return got
+	}
+
+	t.Run("deleted-before-watch", func(t *testing.T) {
+		key := uniqueKey(t)
+		pred := predecessor(t, key)
+		var once bool
+		l := waiterLocker(t, func() {
+			if !once {
+				once = true
+				if _, err := admin.Delete(t.Context(), pred); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+		before, err := metric(t.Context(), addr, "etcd_debugging_mvcc_events_total")
+		if err != nil {
+			t.Fatal(err)
+		}
+		le := <-acquire(t, l, key)
+		if le == nil {
+			t.FailNow()
+		}
+		after, err := metric(t.Context(), addr, "etcd_debugging_mvcc_events_total")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after != before {
+			t.Errorf("%v watch event(s) sent while the waiter was granted; want none: the waiter waited for a watch "+
+				"that started before the predecessor's delete (served by etcd's 100ms unsynced loop)", after-before)
+		}
+		if err := le.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("write-before-watch", func(t *testing.T) {
+		key := uniqueKey(t)
+		pred := predecessor(t, key)
+		var once bool
+		l := waiterLocker(t, func() {
+			if !once {
+				once = true
+				if _, err := admin.Put(t.Context(), key+".unrelated", ""); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+		awaitWatchers(t, addr, 0, "before the waiter queues")
+		got := acquire(t, l, key)
+		awaitWatchers(t, addr, 1, "the waiter's watch")
+		select {
+		case le := <-got:
+			t.Fatalf("granted while the predecessor is there (token %d)", le.Token())
+		default:
+		}
+		if _, err := admin.Delete(t.Context(), pred); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case le := <-got:
+			if le == nil {
+				t.FailNow()
+			}
+			if err := le.Release(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(slack):
+			t.Fatal("the waiter was not woken by the predecessor's delete")
+		}
+	})
+}
