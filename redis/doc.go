@@ -34,13 +34,16 @@
 // make an empty hash tag), and so is a Prefix containing "{" or "}".
 //
 //   - Acquire is one EVALSHA of acquire.lua: SET key value NX PX ttl GET
-//     and, if that took the lock, INCR of the key's fencing counter, whose
-//     new value is the token. The value is 16 bytes from crypto/rand, unique
-//     per grant. When the key is held, the script returns its PTTL, which
-//     the dlock layer uses to bound its wait ([backend.HeldError]). The
-//     script may safely run twice: a resent acquire (go-redis retries
-//     commands after network errors) finds the lock holding its own value
-//     and returns the token of the first run.
+//     and, if that took the lock, the token: the larger of the key's
+//     fencing counter + 1 and the server time in microseconds, written back
+//     to the counter (see Fencing tokens). The value is 16 bytes from
+//     crypto/rand, unique per grant. When the key is held, the script
+//     returns its PTTL, which the dlock layer uses to bound its wait
+//     ([backend.HeldError]). The script may safely run twice: a resent
+//     acquire (go-redis retries commands after network errors) finds the
+//     lock holding its own value and returns the token of the first run
+//     (writing the counter again, so that a WAIT after it still counts; see
+//     Replication).
 //   - A failed acquire marks the lock as waited for: it appends "+" to
 //     the holder's value (once; APPEND keeps the TTL). The holder's
 //     scripts accept its value with or without the mark.
@@ -63,7 +66,7 @@
 //
 // go-redis applies a context's deadline and cancellation to socket reads
 // and writes only when the client's ContextTimeoutEnabled option is set;
-// otherwise its ReadTimeout and WriteTimeout (3 s by default) bound each
+// otherwise its ReadTimeout and WriteTimeout (go-redis's default: 5 s) bound each
 // attempt, and MaxRetries (3 by default) resends a command after a network
 // error. Clients built from a URL set ContextTimeoutEnabled; set it on
 // clients you pass to [New] so that a cancelled Acquire returns promptly.
@@ -83,27 +86,27 @@
 //
 // Tokens come from a counter per key, Prefix+"{"+k+"}:fence", with no TTL
 // (one small key per distinct lock name, kept so that tokens keep
-// increasing; delete them yourself if you retire lock names). Each grant
-// increments it in the same script that takes the lock, so tokens increase
-// strictly from one holder to the next while the counter survives.
+// increasing; delete them yourself if you retire lock names). Each grant,
+// in the same script that takes the lock, issues as its token the larger of
+// the counter + 1 and the server clock in microseconds (TIME; about 1.8e15
+// today), and writes it back to the counter. So every token is above the
+// counter the server has, and at least the server's clock.
 //
-// The counter is clock-based: when it is created it is raised to the server
-// clock in microseconds (TIME), about 1.8e15 today, and it only grows from
-// there, by one per grant, far slower than the clock. A counter that is
-// lost (a restart without persistence, a failover to a replica that never
-// received it, an eviction, a DEL) comes back through INCR as a small
-// number; any value below 2^50 is taken as lost, and the same script run
-// raises the counter to the server clock again and issues that as the
-// token. That token is larger than every earlier one unless the
-// new server's clock is behind the clock that initialised the lost counter
-// by more than the time since then, less the number of grants since then in
-// microseconds: in practice, only a clock stepped back by hours.
+// The counter alone would not do: a counter that is lost or comes back
+// stale (a restart without persistence, or from an RDB snapshot or an AOF
+// fsynced every second that missed the last grants; a failover to a
+// replica that missed them; an eviction; a DEL) would hand out earlier
+// tokens again, and the lock keys taken since are lost with it, so a
+// second holder could get a token equal to or below the first's. The
+// clock under every token closes that while the clock moves forward.
 //
-// What remains: a failover to a replica that had the counter but had not
-// received the last k increments (asynchronous replication) hands out up
-// to k tokens again, and these equal tokens of earlier holders. WaitReplicas
-// makes every acquire wait until its increment reached that many replicas,
-// which closes this window for failovers to one of them. Hence
+// What remains: a token is equal to or below an earlier one only if the
+// counter was lost or is stale as above AND the serving server's clock
+// reads behind that earlier token: a clock stepped back by more than the
+// time since that grant (an outage or restart included), a failover to a
+// replica whose clock is behind the old primary's by more than the time
+// between the two grants, or a counter that had been set ahead of the clock
+// (by hand, or by a faster clock) and then lost. Hence
 // [backend.FencingBestEffort]: use etcd or ZooKeeper where a repeated token
 // would be a correctness problem.
 //
@@ -122,14 +125,25 @@
 // have prevented). WaitReplicas is refused for a Cluster client, whose
 // pipelines split commands by key slot: WAIT has no key, so it cannot be
 // made to run on the connection that wrote the lock. An acquire's TTL must
-// be longer than WaitTimeout.
+// be longer than WaitTimeout, and WaitTimeout must be below the client's
+// ReadTimeout ([New] refuses it otherwise): a WAIT reply later than the
+// read deadline would make go-redis resend the whole pipeline. A resent
+// acquire script that finds the lock already its own writes the counter
+// again (the same value), so that the resent WAIT still waits until the
+// replicas have the lock: since Redis 7.2, WAIT counts only the writes of
+// its own connection, and a resent script that wrote nothing would let
+// WAIT return at once.
 //
 // # Eviction
 //
 // A lock key evicted under memory pressure is a lock silently granted
 // twice. [New] therefore reads maxmemory-policy (on every shard of a
 // Cluster) and, by default, refuses anything but "noeviction"
-// ([EvictionRefuse]); see [Options].EvictionCheck.
+// ([EvictionRefuse]); see [Options].EvictionCheck. It refuses as well when
+// it cannot read the policy (CONFIG GET forbidden by an ACL, renamed or
+// disabled, as on some managed services): allow the client CONFIG GET, or,
+// knowing the policy is noeviction, set EvictionCheck to [EvictionWarn] or
+// [EvictionIgnore] (eviction_check=warn or ignore in a URL).
 //
 // # URL
 //

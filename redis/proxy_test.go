@@ -32,11 +32,17 @@ type replyDropper struct {
 
 func newReplyDropper(t *testing.T) *replyDropper {
 	t.Helper()
+	return newReplyDropperTo(t, serverAddr(t))
+}
+
+// newReplyDropperTo is newReplyDropper to the server at addr.
+func newReplyDropperTo(t *testing.T, addr string) *replyDropper {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &replyDropper{ln: ln, to: serverAddr(t)}
+	p := &replyDropper{ln: ln, to: addr}
 	p.wg.Add(1)
 	go p.serve()
 	t.Cleanup(func() {

@@ -50,9 +50,12 @@ type EvictionCheck int
 
 const (
 	// EvictionRefuse (the default) makes New fail with an error wrapping
-	// [backend.ErrInvalidConfig] unless maxmemory-policy is "noeviction".
+	// [backend.ErrInvalidConfig] unless maxmemory-policy is "noeviction",
+	// and also when it cannot be read (CONFIG GET refused by an ACL,
+	// renamed or disabled, or answered with nothing).
 	EvictionRefuse EvictionCheck = iota
-	// EvictionWarn logs a warning and continues.
+	// EvictionWarn logs a warning and continues (also when the policy
+	// cannot be read).
 	EvictionWarn
 	// EvictionIgnore skips the check (and the CONFIG GET round trip).
 	EvictionIgnore
@@ -90,9 +93,11 @@ type Options struct {
 	// documentation). Every acquire's TTL must exceed WaitTimeout. Default
 	// 0 (do not wait).
 	WaitReplicas int
-	// WaitTimeout is how long WAIT blocks for the replicas. Keep it below
-	// the client's ReadTimeout (go-redis default 3 s). Default
-	// [DefaultWaitTimeout] (1 s); ignored when WaitReplicas is 0.
+	// WaitTimeout is how long WAIT blocks for the replicas. It must be
+	// below the client's ReadTimeout (go-redis's default is 5 s): New
+	// refuses a WaitTimeout that is not, with an error wrapping
+	// [backend.ErrInvalidConfig]. Default [DefaultWaitTimeout] (1 s);
+	// ignored when WaitReplicas is 0.
 	WaitTimeout time.Duration
 
 	// EvictionCheck says what New does when maxmemory-policy is not
@@ -196,6 +201,12 @@ func newDriver(client goredis.UniversalClient, opts *Options) (*Driver, error) {
 		if o.WaitTimeout < time.Millisecond {
 			return nil, fmt.Errorf("%w: redis: WaitTimeout %v is below 1ms (WAIT 0 would block forever)", backend.ErrInvalidConfig, o.WaitTimeout)
 		}
+		if rt, ok := readTimeout(client); ok && o.WaitTimeout >= rt {
+			return nil, fmt.Errorf("%w: redis: WaitTimeout %v is not below the client's ReadTimeout %v: "+
+				"the WAIT reply would time out the read, and go-redis would resend the acquire and WAIT; "+
+				"lower WaitTimeout (wait_timeout) or raise ReadTimeout (read_timeout)",
+				backend.ErrInvalidConfig, o.WaitTimeout, rt)
+		}
 	}
 	switch o.EvictionCheck {
 	case EvictionRefuse, EvictionWarn, EvictionIgnore:
@@ -216,6 +227,20 @@ func newDriver(client goredis.UniversalClient, opts *Options) (*Driver, error) {
 	}
 	d.hub.init(d)
 	return d, nil
+}
+
+// readTimeout returns the read timeout of a go-redis client that has one
+// (a *goredis.Client, which failover clients are too; ok is false for a
+// client without a read deadline and for other UniversalClients).
+func readTimeout(client goredis.UniversalClient) (time.Duration, bool) {
+	c, ok := client.(interface{ Options() *goredis.Options })
+	if !ok {
+		return 0, false
+	}
+	// go-redis normalises its options when the client is made: a
+	// ReadTimeout ≤ 0 here means no read deadline.
+	rt := c.Options().ReadTimeout
+	return rt, rt > 0
 }
 
 // start does the I/O of NewDriver: the eviction check and script loading.
@@ -270,6 +295,15 @@ func (d *Driver) checkEviction(ctx context.Context) error {
 		where := ""
 		if r.addr != "" {
 			where = " on " + r.addr
+		}
+		if (r.err != nil || r.policy == "") && d.evictionCheck == EvictionRefuse {
+			const fix = "; it cannot be checked that the server never evicts lock keys: allow this client CONFIG GET " +
+				"(for an ACL user: ACL SETUSER <user> +config|get), or, if maxmemory-policy is noeviction, " +
+				"set EvictionCheck to warn or ignore (URL parameter eviction_check=warn or ignore)"
+			if r.err != nil {
+				return fmt.Errorf("%w: redis: CONFIG GET maxmemory-policy%s failed: %w"+fix, backend.ErrInvalidConfig, where, r.err)
+			}
+			return fmt.Errorf("%w: redis: CONFIG GET maxmemory-policy%s returned nothing"+fix, backend.ErrInvalidConfig, where)
 		}
 		switch {
 		case r.err != nil:
@@ -334,9 +368,12 @@ func (d *Driver) Guarantees() backend.Guarantees {
 		ToleratedFailures: 0,
 		FIFO:              false,
 		ClockDependent:    true,
-		Notes: "A failover to a replica that missed the lock (replication is asynchronous), a restart without persistence, " +
-			"a process pause longer than the TTL or a clock jump can let two holders overlap; tokens can go backwards only if " +
-			"the serving Redis clock is behind the previous one by more than the time since the last grant.",
+		Notes: "A failover to a replica that missed the lock (replication is asynchronous), a restart that loses it " +
+			"(no persistence, or writes not yet on disk), a process pause longer than the TTL or a clock jump can let two " +
+			"holders overlap. Each token is the larger of the server's counter + 1 and its clock in microseconds, so a token " +
+			"can equal or go below an earlier one only if the counter was lost or is stale (restart, failover, eviction) and " +
+			"the serving server's clock reads behind that earlier token: stepped back by more than the time since that grant, " +
+			"or a promoted replica's clock behind the old primary's by more than the time between the grants.",
 	}
 }
 
@@ -383,11 +420,13 @@ func ttlMillis(ttl time.Duration) (int64, error) {
 }
 
 // TryAcquire makes one attempt to take the lock, in one round trip: one
-// EVALSHA of acquire.lua (SET key value NX PX ttl GET, and INCR of the
-// key's fencing counter when the SET took the lock), followed in the same
-// pipeline by WAIT when WaitReplicas > 0. The script is safe to run twice:
-// when go-redis resends it after a lost reply, the second run finds the
-// lock ours and returns the same token. A TTL that is not a whole number of
+// EVALSHA of acquire.lua (SET key value NX PX ttl GET, and, when the SET
+// took the lock, the token: the larger of the key's fencing counter + 1
+// and the server clock in microseconds, written back to the counter),
+// followed in the same pipeline by WAIT when WaitReplicas > 0. The script
+// is safe to run twice: when go-redis resends it after a lost reply, the
+// second run finds the lock ours, writes the counter again (so that WAIT
+// waits for the lock to reach the replicas) and returns the same token. A TTL that is not a whole number of
 // milliseconds is truncated down; the lease reports the truncated TTL.
 //
 // When the key is held it returns a *[backend.HeldError] whose RetryAfter is

@@ -132,24 +132,45 @@ func TestTokenSurvivesCounterLoss(t *testing.T) {
 	}
 }
 
-// TestTokenRepeatsAfterLaggingCounter pins down the documented residual of
-// best-effort fencing: a counter that survives but lags (a failover to a
-// replica that missed the last increments) hands out earlier tokens again.
-// If this test fails, the package documentation overstates the risk.
-func TestTokenRepeatsAfterLaggingCounter(t *testing.T) {
+// TestTokenBelowEarlierWhenClockBehind pins down the documented residual of
+// best-effort fencing. A counter that lags (restored from a snapshot, or a
+// replica that missed the last increments) no longer repeats tokens: the
+// server clock is under every token. What remains is a counter that lags
+// while the server clock also reads behind the earlier tokens (they came
+// from a server whose clock was ahead, or this clock was stepped back by
+// more than the time since): then the token goes back. If this test fails,
+// the package documentation overstates the risk.
+func TestTokenBelowEarlierWhenClockBehind(t *testing.T) {
 	t.Parallel()
 	c := serverClient(t)
 	d := newDriver(t, c, nil)
 	key := uniqueKey(t)
 	fence := lockKey(key) + ":fence"
 	t1 := grant(t, d, key)
+	// A lagging counter: the token is the clock, above every earlier one.
 	t2 := grant(t, d, key)
-	// The promoted replica had the counter as it was before t2's grant.
 	if err := c.Set(t.Context(), fence, t1, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if t3 := grant(t, d, key); t3 != t2 {
-		t.Fatalf("after the counter fell back to %d: token %d, want the repeat %d the docs describe", t1, t3, t2)
+	t3 := grant(t, d, key)
+	if t3 <= t2 {
+		t.Fatalf("after the counter fell back to %d: token %d, not above the earlier %d", t1, t3, t2)
+	}
+	// A grant by a server whose clock was an hour ahead, then a lagging
+	// counter on this one: the token goes back to this server's clock.
+	ahead := t3 + uint64(time.Hour/time.Microsecond)
+	if err := c.Set(t.Context(), fence, ahead, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	t4 := grant(t, d, key)
+	if t4 != ahead+1 {
+		t.Fatalf("counter %d ahead of the clock: token %d, want %d", ahead, t4, ahead+1)
+	}
+	if err := c.Set(t.Context(), fence, t3, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if t5 := grant(t, d, key); t5 >= t4 || t5 <= t3 {
+		t.Fatalf("clock behind an earlier token %d, counter back at %d: token %d; want the server clock, between them, as the docs describe", t4, t3, t5)
 	}
 }
 
@@ -520,6 +541,67 @@ func TestEvictionCheck(t *testing.T) {
 	_ = d.Close()
 	if _, err := dlock.Open(ctx, "redis://"+serverAddr(t)); !errors.Is(err, dlock.ErrInvalidConfig) {
 		t.Fatalf("Open under allkeys-lru = %v, want ErrInvalidConfig", err)
+	}
+}
+
+// TestEvictionCheckUnreadable: a user that may not run CONFIG (an ACL, as on
+// managed services; a renamed CONFIG command behaves alike) cannot check
+// the eviction policy. The default EvictionRefuse then refuses to open,
+// saying what to do; EvictionWarn warns and EvictionIgnore does not ask.
+func TestEvictionCheckUnreadable(t *testing.T) {
+	t.Parallel()
+	admin := serverClient(t)
+	ctx := t.Context()
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	user, pass := "dlock-noconfig-"+hex.EncodeToString(b[:4]), hex.EncodeToString(b[4:])
+	if err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">"+pass, "~*", "&*", "+@all", "-config").Err(); err != nil {
+		t.Fatalf("ACL SETUSER: %v", err)
+	}
+	t.Cleanup(func() { admin.Do(context.WithoutCancel(ctx), "ACL", "DELUSER", user) })
+	c := goredis.NewClient(&goredis.Options{Addr: serverAddr(t), Username: user, Password: pass})
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.ConfigGet(ctx, "maxmemory-policy").Err(); err == nil {
+		t.Fatal("the restricted user can run CONFIG GET: the test shows nothing")
+	}
+
+	_, err := redis.NewDriver(ctx, c, nil)
+	if !errors.Is(err, backend.ErrInvalidConfig) || !strings.Contains(err.Error(), "CONFIG GET") ||
+		!strings.Contains(err.Error(), "EvictionCheck to warn or ignore") {
+		t.Fatalf("NewDriver without CONFIG GET = %v; want ErrInvalidConfig saying to allow CONFIG GET or set EvictionCheck", err)
+	}
+	u := "redis://" + user + ":" + pass + "@" + serverAddr(t)
+	if l, err := dlock.Open(ctx, u); !errors.Is(err, dlock.ErrInvalidConfig) || !strings.Contains(err.Error(), "eviction_check") {
+		if l != nil {
+			_ = l.Close()
+		}
+		t.Fatalf("Open without CONFIG GET = %v; want ErrInvalidConfig naming eviction_check", err)
+	}
+
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, nil))
+	d, err := redis.NewDriver(ctx, c, &redis.Options{EvictionCheck: redis.EvictionWarn, Logger: log})
+	if err != nil {
+		t.Fatalf("NewDriver with EvictionWarn = %v", err)
+	}
+	_ = d.Close()
+	mu.Lock()
+	if !strings.Contains(buf.String(), "cannot check maxmemory-policy") {
+		t.Errorf("EvictionWarn logged %q", buf.String())
+	}
+	mu.Unlock()
+	l, err := dlock.Open(ctx, u+"?eviction_check=ignore")
+	if err != nil {
+		t.Fatalf("Open with eviction_check=ignore = %v", err)
+	}
+	defer l.Close()
+	lease, err := l.TryAcquire(ctx, uniqueKey(t), nil)
+	if err != nil {
+		t.Fatalf("TryAcquire as the restricted user: %v", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 

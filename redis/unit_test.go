@@ -126,6 +126,8 @@ func TestOptionsValidation(t *testing.T) {
 	defer cluster.Close()
 	ring := goredis.NewRing(&goredis.RingOptions{Addrs: map[string]string{"a": unreachable}})
 	defer ring.Close()
+	shortRead := goredis.NewClient(&goredis.Options{Addr: unreachable, ReadTimeout: 500 * time.Millisecond})
+	defer shortRead.Close()
 	for _, tc := range []struct {
 		name   string
 		client goredis.UniversalClient
@@ -138,6 +140,9 @@ func TestOptionsValidation(t *testing.T) {
 		{"sub-ms WaitTimeout", client, &redis.Options{WaitReplicas: 1, WaitTimeout: time.Microsecond}},
 		{"WaitReplicas on a cluster", cluster, &redis.Options{WaitReplicas: 1}},
 		{"unknown EvictionCheck", client, &redis.Options{EvictionCheck: 7}},
+		{"WaitTimeout above ReadTimeout", shortRead, &redis.Options{WaitReplicas: 1, WaitTimeout: time.Second}},
+		{"WaitTimeout equal to ReadTimeout", shortRead, &redis.Options{WaitReplicas: 1, WaitTimeout: 500 * time.Millisecond}},
+		{"default WaitTimeout above ReadTimeout", shortRead, &redis.Options{WaitReplicas: 1}},
 		{"nil client", nil, nil},
 		{"a Ring", ring, nil},
 	} {
@@ -145,6 +150,14 @@ func TestOptionsValidation(t *testing.T) {
 		if !errors.Is(err, backend.ErrInvalidConfig) {
 			t.Errorf("%s: NewDriver = %v, want ErrInvalidConfig", tc.name, err)
 		}
+	}
+	// The same through a URL, and a WaitTimeout below the ReadTimeout is
+	// fine (no error before the I/O).
+	if _, err := dlock.Open(t.Context(), "redis://"+unreachable+"?wait_replicas=1&wait_timeout=2s&read_timeout=1s"); !errors.Is(err, dlock.ErrInvalidConfig) {
+		t.Errorf("Open with wait_timeout above read_timeout = %v, want ErrInvalidConfig", err)
+	}
+	if _, err := redis.NewDriverNoIO(shortRead, &redis.Options{WaitReplicas: 1, WaitTimeout: 400 * time.Millisecond}); err != nil {
+		t.Errorf("NewDriver with WaitTimeout below ReadTimeout = %v", err)
 	}
 }
 

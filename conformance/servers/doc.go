@@ -41,7 +41,8 @@
 // [StartZooKeeper] or [StartPostgres] instead, and Terminate them.
 // [StartEtcdTLS] starts etcd serving clients over TLS, with a CA made for
 // the cluster; [StartRedisCluster] a cluster-mode Redis owning every hash
-// slot; [StartRedisSentinel] a Redis primary, replica and Sentinel.
+// slot; [StartRedisSentinel] a Redis primary, replica and Sentinel;
+// [StartRedisWithArgs] Redis servers with extra arguments (persistence).
 //
 // Redis servers are independent of each other. Each member of an etcd
 // cluster is a [Server] too, so the same fault controls apply to it; a member

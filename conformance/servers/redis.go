@@ -41,6 +41,20 @@ func StartRedis(ctx context.Context, n int) ([]*Server, error) {
 	return start(ctx, redisKind, n)
 }
 
+// StartRedisWithArgs is [StartRedis] with extra redis-server arguments
+// appended to the default command line, where a later argument overrides
+// an earlier one. For a server that persists its data across
+// [Server.Kill] and [Server.Start], pass for example "--dir", "/tmp" and
+// "--appendonly", "yes" (or "--save", "60 1"; SAVE then writes a snapshot
+// that a restart loads).
+func StartRedisWithArgs(ctx context.Context, n int, args ...string) ([]*Server, error) {
+	k := *redisKind
+	k.cmd = func(p *plan, i int) []string {
+		return append(redisKind.cmd(p, i), args...)
+	}
+	return start(ctx, &k, n)
+}
+
 // StartRedisCluster starts one Redis server in cluster mode that serves all
 // 16384 hash slots alone (a one-master cluster) and waits until the cluster
 // state is ok. As on any cluster, a script or multi-key command fails with

@@ -169,7 +169,7 @@ func (s *Server) Start(ctx context.Context) error {
 // Kill kills the server with SIGKILL, as a crash would, and waits until its
 // container has stopped. Start brings it back; whether its data survives
 // depends on the kind: Redis servers run without persistence and come back
-// empty, etcd members, ZooKeeper servers and PostgreSQL servers keep their
+// empty (unless started with persistence by [StartRedisWithArgs]), etcd members, ZooKeeper servers and PostgreSQL servers keep their
 // data directory.
 func (s *Server) Kill(ctx context.Context) error {
 	cli, err := dockerClient(ctx)

@@ -9,35 +9,51 @@
 -- else, it marks the lock as waited for (see below) and returns -2 - PTTL, i.e. -1 for a key without expiry (PTTL -1) and -2 - ms
 -- otherwise (so 0 is never returned).
 --
--- The token is the counter after INCR. The counter is clock-based: when it
--- is created, or found lost (below 2^50, see doc.go), it is raised to the
--- server time in microseconds (TIME before a write is allowed because
--- scripts replicate their effects, the only mode since Redis 7). SET with
+-- The token is the larger of the counter + 1 and the server time in
+-- microseconds, and it is written back to the counter: a clock floor under
+-- every grant. The counter alone could repeat tokens: a counter lost or
+-- restored stale (a restart from an RDB snapshot or an AOF fsynced every
+-- second, a failover to a replica that missed the last increments, an
+-- eviction, a DEL) would hand out earlier tokens again, while the lock
+-- keys taken since are lost with it. With the floor, a token is below an
+-- earlier one only if this server's clock reads behind that token (see
+-- doc.go of the redis package). TIME before a write is allowed because
+-- scripts replicate their effects (the only mode since Redis 7). SET with
 -- both NX and GET needs Redis 7.0.
 local old = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
 if not old then
 	-- The key was free and is ours now.
-	local n = redis.call('INCR', KEYS[2])
-	if n >= 1125899906842624 then -- 2^50
-		return n
-	end
 	-- TIME gives seconds and microseconds as decimal strings; their
 	-- concatenation (microseconds zero-padded to 6 digits) is the time in
-	-- microseconds, written without a float-to-string conversion.
+	-- microseconds, written without a float-to-string conversion (Lua
+	-- prints large numbers in exponent form).
 	local t = redis.call('TIME')
 	local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+	local c = redis.call('GET', KEYS[2])
+	if c and not (tonumber(c) and tonumber(c) < tonumber(now)) then
+		-- The counter is at or ahead of the clock (or not a number, which
+		-- INCR reports): counter + 1, exact integer arithmetic.
+		return redis.call('INCR', KEYS[2])
+	end
 	redis.call('SET', KEYS[2], now)
 	return tonumber(now)
 end
 local last = string.byte(old, -1)
 if old == ARGV[1] or (last == 43 and old == ARGV[1] .. '+') then
 	-- A retry of this very acquire whose first reply was lost (go-redis
-	-- resends on network errors): the lock is ours, and the counter still
-	-- holds the token the first run issued.
+	-- resends on network errors, a pipeline with WAIT after a read
+	-- timeout): the lock is ours, and the counter still holds the token the
+	-- first run issued.
 	local token = redis.call('GET', KEYS[2])
 	if not token then
 		return redis.error_reply('dlock: the fencing counter vanished while the lock was held')
 	end
+	-- Write the counter again (same value): a replicated write, so that a
+	-- WAIT after this script on this connection waits until the replicas
+	-- have everything up to now, the first run's lock key included. Without
+	-- it, a resent acquire + WAIT pipeline would write nothing on its new
+	-- connection, and WAIT would count the replicas at once.
+	redis.call('SET', KEYS[2], token)
 	return tonumber(token)
 end
 -- Held by someone else: mark the lock as waited for (append '+' to the
