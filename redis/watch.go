@@ -2,63 +2,20 @@ package redis
 
 import (
 	"context"
-	"fmt"
-	"strconv"
-	"sync"
 
-	goredis "github.com/redis/go-redis/v9"
-
-	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/redishub"
 )
 
 // hub multiplexes the release channels of all watched keys over one go-redis
-// PubSub per Driver, created on the first Watch.
-//
-// Confirmation: Watch must not return before the server has the
-// subscription in force. Every Watch subscribes, in the same SUBSCRIBE
-// command as the key's channel (or after it), to a throw-away "barrier"
-// channel unique to that call, and waits for the server's confirmation of
-// the barrier. Replies on one connection arrive in command order, and a
-// reconnecting PubSub re-subscribes all its channels before sending
-// anything else, so the barrier's confirmation proves the key's channel is
-// subscribed on the connection that delivers it. The barrier is then
-// unsubscribed. (Matching the key channel's own confirmation would not do:
-// after an UNSUBSCRIBE and a new SUBSCRIBE of the same channel, a late
-// confirmation of the old SUBSCRIBE could be taken for the new one.)
-//
-// Reconnects: go-redis re-subscribes after a reconnect; a confirmation of a
-// key channel that was already confirmed therefore means messages may have
-// been lost in between, and wakes that channel's watchers (a spurious
-// wake-up, which Waiter allows).
+// PubSub per Driver, created on the first Watch (see internal/redishub for
+// how a subscription is confirmed and what a reconnect does; the redlock
+// backend uses the same code, one Hub per node).
 type hub struct {
-	d *Driver
-
-	// subMu orders the SUBSCRIBE and UNSUBSCRIBE writes the way the
-	// watcher counts change, without holding mu (which dispatch needs
-	// for every message) across network I/O. Taken before mu.
-	subMu sync.Mutex
-
-	mu       sync.Mutex
-	closed   bool
-	ps       *goredis.PubSub
-	done     chan struct{} // closed when dispatch has returned
-	chans    map[string]*watchedChan
-	barriers map[string]chan struct{}
-	seq      uint64
-	barrier  string // prefix of this hub's barrier channels
-}
-
-// watchedChan is one subscribed release channel and its local watchers.
-type watchedChan struct {
-	confirmed bool
-	watchers  map[chan struct{}]struct{}
+	h *redishub.Hub
 }
 
 func (h *hub) init(d *Driver) {
-	h.d = d
-	h.chans = map[string]*watchedChan{}
-	h.barriers = map[string]chan struct{}{}
-	h.barrier = d.prefix + "barrier:" + newValue()[:16] + ":"
+	h.h = redishub.New(d.client, d.prefix+"barrier:"+newValue()[:16]+":", "redis")
 }
 
 // Watch subscribes to the release channel of key and returns once the
@@ -69,153 +26,8 @@ func (h *hub) init(d *Driver) {
 // pub/sub connection; a key's channel is unsubscribed when its last watcher
 // stops.
 func (d *Driver) Watch(ctx context.Context, key string) (wake <-chan struct{}, stop func(), err error) {
-	return d.hub.watch(ctx, d.lockKey(key)+releaseSuffix)
-}
-
-func (h *hub) watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
-	w := make(chan struct{}, 1)
-
-	h.subMu.Lock()
-	h.mu.Lock()
-	if h.closed {
-		h.mu.Unlock()
-		h.subMu.Unlock()
-		return nil, nil, backend.ErrClosed
-	}
-	if h.ps == nil {
-		h.ps = h.d.client.Subscribe(context.WithoutCancel(ctx))
-		h.done = make(chan struct{})
-		go h.dispatch(h.ps.ChannelWithSubscriptions(), h.done)
-	}
-	ps, done := h.ps, h.done
-	wc := h.chans[channel]
-	first := wc == nil
-	if first {
-		wc = &watchedChan{watchers: map[chan struct{}]struct{}{}}
-		h.chans[channel] = wc
-	}
-	wc.watchers[w] = struct{}{}
-	h.seq++
-	barrier := h.barrier + strconv.FormatUint(h.seq, 10)
-	confirmed := make(chan struct{})
-	h.barriers[barrier] = confirmed
-	subs := []string{barrier}
-	if first {
-		subs = []string{channel, barrier}
-	}
-	h.mu.Unlock()
-	// Sent under h.subMu so that SUBSCRIBE and UNSUBSCRIBE of one channel
-	// reach the server in the order of the watcher count's transitions.
-	subErr := ps.Subscribe(ctx, subs...)
-	h.subMu.Unlock()
-
-	stop := h.stopper(channel, wc, w)
-	if subErr == nil {
-		select {
-		case <-confirmed:
-		case <-ctx.Done():
-			subErr = ctx.Err()
-		case <-done:
-			subErr = backend.ErrClosed
-		}
-	}
-
-	h.subMu.Lock()
-	h.mu.Lock()
-	delete(h.barriers, barrier)
-	closed := h.closed
-	h.mu.Unlock()
-	if !closed {
-		_ = ps.Unsubscribe(context.WithoutCancel(ctx), barrier)
-	}
-	h.subMu.Unlock()
-
-	if subErr != nil {
-		stop()
-		if subErr == backend.ErrClosed {
-			return nil, nil, subErr
-		}
-		return nil, nil, fmt.Errorf("%w: redis: subscribing to %q: %w", backend.ErrUnavailable, channel, subErr)
-	}
-	return w, stop, nil
-}
-
-// stopper returns the stop function of one watcher.
-func (h *hub) stopper(channel string, wc *watchedChan, w chan struct{}) func() {
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			h.subMu.Lock()
-			defer h.subMu.Unlock()
-			h.mu.Lock()
-			delete(wc.watchers, w)
-			last := len(wc.watchers) == 0 && h.chans[channel] == wc
-			if last {
-				delete(h.chans, channel)
-			}
-			closed, ps := h.closed, h.ps
-			h.mu.Unlock()
-			if last && !closed {
-				_ = ps.Unsubscribe(context.Background(), channel)
-			}
-		})
-	}
-}
-
-// dispatch fans the PubSub's messages out to the watchers until the PubSub
-// is closed, then closes every remaining watcher's channel.
-func (h *hub) dispatch(msgs <-chan any, done chan struct{}) {
-	defer close(done)
-	for m := range msgs {
-		h.mu.Lock()
-		switch m := m.(type) {
-		case *goredis.Message:
-			if wc := h.chans[m.Channel]; wc != nil {
-				wakeAll(wc)
-			}
-		case *goredis.Subscription:
-			if m.Kind != "subscribe" {
-				break
-			}
-			if c, ok := h.barriers[m.Channel]; ok {
-				close(c)
-				delete(h.barriers, m.Channel)
-			} else if wc := h.chans[m.Channel]; wc != nil {
-				if wc.confirmed {
-					wakeAll(wc) // re-subscribed after a reconnect: a release may have been missed
-				}
-				wc.confirmed = true
-			}
-		}
-		h.mu.Unlock()
-	}
-	h.mu.Lock()
-	for _, wc := range h.chans {
-		for w := range wc.watchers {
-			close(w)
-		}
-		wc.watchers = map[chan struct{}]struct{}{}
-	}
-	h.mu.Unlock()
-}
-
-func wakeAll(wc *watchedChan) {
-	for w := range wc.watchers {
-		select {
-		case w <- struct{}{}:
-		default:
-		}
-	}
+	return d.hub.h.Watch(ctx, d.lockKey(key)+releaseSuffix)
 }
 
 // close closes the PubSub and waits for the dispatcher to finish.
-func (h *hub) close() {
-	h.mu.Lock()
-	h.closed = true
-	ps, done := h.ps, h.done
-	h.mu.Unlock()
-	if ps != nil {
-		_ = ps.Close()
-		<-done
-	}
-}
+func (h *hub) close() { h.h.Close() }

@@ -51,6 +51,22 @@
 //     IP addresses of its own (say 127.0.0.1 and 127.0.0.2, or a LAN
 //     address) is not detected.
 //
+// # Waiting: woken by releases
+//
+// Acquire does not poll a held lock: the Driver implements backend.Waiter
+// (Guarantees().WakesWaiters is true). Once an attempt has found the lock
+// held, the waiter subscribes to the key's release channel on every node
+// (one pub/sub connection per node, shared by all the Driver's waiters; the
+// redis backend's code, internal/redishub) and is woken when any node
+// publishes a release. The release script publishes on each node where a
+// waiter's attempt marked the lock, and the holder's majority shares a node
+// with the subscribed majority, so one release wakes every waiter. The
+// subscription counts once a majority of the nodes has confirmed it (within
+// 4 × NodeTimeout, at least 500ms; otherwise Acquire logs a warning and
+// polls). A wake-up lost to a failing node is made up by the Locker's
+// fallback poll every RetryMax. Woken waiters each run a full round; one
+// wins, the others wait again (no FIFO order).
+//
 // # Fencing: best effort
 //
 // Redlock has no consensus-grade token. Each node's counter is bumped by the

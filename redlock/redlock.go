@@ -15,6 +15,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/bg"
+	"github.com/dlock-go/dlock/internal/redishub"
 	"github.com/dlock-go/dlock/internal/redisscript"
 )
 
@@ -54,8 +55,16 @@ type Driver struct {
 	nodeTimeout time.Duration
 	ownsClients bool
 	closeOnce   sync.Once
-	bg          bg.Group // node calls and token write-backs; Close waits for them
+	bg          bg.Group        // node calls and token write-backs; Close waits for them
+	hubs        []*redishub.Hub // release channels, one pub/sub connection per node (watch.go)
+	watchBG     bg.Group        // the goroutines of Watch; Close waits for them, within a bound
 }
+
+var (
+	_ backend.Driver  = (*Driver)(nil)
+	_ backend.Waiter  = (*Driver)(nil)
+	_ backend.Drifter = (*Driver)(nil)
+)
 
 // New checks opts and returns a Locker over the independent masters nodes
 // (an odd number, at least 3), configured by opts.Locker. The clients stay
@@ -132,6 +141,7 @@ func NewDriver(ctx context.Context, nodes []goredis.UniversalClient, opts *Optio
 		drift:       o.DriftFactor,
 		nodeTimeout: o.NodeTimeout,
 	}
+	d.newHubs()
 	d.fanout(ctx, d.nodeTimeout*4, func(ctx context.Context, c goredis.UniversalClient) (int64, error) {
 		for _, s := range redisscript.All {
 			if err := s.Load(ctx, c).Err(); err != nil {
@@ -240,11 +250,14 @@ func (d *Driver) As(target any) bool {
 	return false
 }
 
-// Close waits for token write-backs in flight and closes the clients if the
-// driver built them from a URL.
+// Close closes the pub/sub connections of Watch (waking the watchers that
+// remain), waits for token write-backs in flight, and closes the clients if
+// the driver built them from a URL. With a frozen node, the closing of its
+// pub/sub connection is waited for at most 2s; it ends in the background.
 func (d *Driver) Close() error {
 	var errs []error
 	d.closeOnce.Do(func() {
+		d.closeWatches()
 		d.bg.Close()
 		d.bg.Wait()
 		if d.ownsClients {
