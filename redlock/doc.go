@@ -69,15 +69,24 @@
 //
 // # Fencing: best effort
 //
-// Redlock has no consensus-grade token. Each node's counter is bumped by the
-// acquire script; the lease's token is the largest among the nodes that
-// granted, and it is written back to them (raise.lua), so that a later
-// majority, which shares at least one node with this one, issues a larger
-// token. Guarantees reports FencingBestEffort. It fails when the shared node
-// did not get the write-back (it failed or timed out) and its counter was
-// lower, or when nodes restart without persistence and lose their counters
-// (a lost counter restarts at the server's clock in microseconds, which
-// keeps tokens increasing unless clocks step back).
+// Redlock has no consensus-grade token; Guarantees reports
+// FencingBestEffort. Every node runs the single-Redis acquire script (see
+// the redis package), and a later majority shares at least one node with an
+// earlier one.
+// Each node issues the larger of its counter + 1 and its clock in
+// microseconds, and the token is the largest of the majority's, written back
+// to the nodes that granted it. A later holder's token can equal or go below
+// an earlier one only if no node of the later majority had recorded the
+// earlier token (the nodes the two majorities share lost their counter or
+// restored a stale one in a restart, or the write-back failed or landed
+// after the lease had ended) and the clocks of the later majority all read
+// behind it: stepped back by more than the time since the earlier grant (an
+// outage included), or behind the clock that issued it by more than the time
+// between the two grants.
+//
+// The write-back (raise.lua) runs in the background after the grant, so
+// that it does not delay the caller; Release waits for it before deleting
+// the keys, a lease that expires does not.
 //
 // # Restarts: delay them
 //

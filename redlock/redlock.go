@@ -234,9 +234,15 @@ func (d *Driver) Guarantees() backend.Guarantees {
 		ToleratedFailures: (len(d.nodes) - 1) / 2,
 		ClockDependent:    true,
 		Notes: "Mutual exclusion rests on bounded clock drift, process pauses and network delays, and on " +
-			"nodes that restart without the lock staying down for a TTL. The token is the maximum of the " +
-			"granting nodes' counters, written back to them; it can repeat or go back when a node restarts " +
-			"without persistence before the write-back of the last grant reached a node of the next majority. " +
+			"nodes that restart without the lock staying down for a TTL. " +
+			"Each node issues the larger of its counter + 1 and its clock in microseconds, and the token is " +
+			"the largest of the majority's, written back to the nodes that granted it. A later holder's " +
+			"token can equal or go below an earlier one only if no node of the later majority had recorded " +
+			"the earlier token (the nodes the two majorities share lost their counter or restored a stale " +
+			"one in a restart, or the write-back failed or landed after the lease had ended) and the clocks " +
+			"of the later majority all read behind it: stepped back by more than the time since the earlier " +
+			"grant (an outage included), or behind the clock that issued it by more than the time between " +
+			"the two grants. " +
 			"Use etcd or ZooKeeper where correctness matters.",
 	}
 }
