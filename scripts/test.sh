@@ -13,7 +13,8 @@
 #      default postgres:15): uses it if present, else tries `docker pull`,
 #      else builds a stand-in image and tags it with the configured name.
 #      The Redis, ZooKeeper and PostgreSQL stand-ins are made from Debian
-#      packages (debootstrap + docker import; the ZooKeeper one has Debian's
+#      packages (debootstrap + docker import; Redis from trixie, 8.0, as
+#      some tests need 7.2 or later; the ZooKeeper one has Debian's
 #      /usr/share/zookeeper/bin, where zkServer.sh is, on its PATH and logs
 #      to the console, as the official image does; the PostgreSQL one has
 #      /usr/lib/postgresql/15/bin, where initdb and postgres are, on its
@@ -37,7 +38,8 @@
 # DLOCK_CACHE_DIR (cache of stand-in root filesystems and etcd binaries;
 # default /var/cache/dlock as root, else ~/.cache/dlock),
 # DLOCK_DEBIAN_MIRROR (default: read from the apt sources),
-# DLOCK_DEBIAN_SUITE (default: this host's codename, else bookworm),
+# DLOCK_DEBIAN_SUITE (default: trixie for Redis, else this host's codename,
+# else bookworm),
 # DLOCK_DOCKERD_LOG (default /tmp/dlock-dockerd.log), DLOCK_TEST_LOG (the
 # verbose go test log, default /tmp/dlock-test.log), DLOCK_PULL_TIMEOUT
 # (seconds, default 60).
@@ -199,7 +201,7 @@ import_standin() {
 # pays for debootstrap.
 build_debian_standin() {
 	local image=$1 packages=$2 pathdir=${3:-} fixup=${4:-}
-	local suite=${DLOCK_DEBIAN_SUITE:-$(host_codename)}
+	local suite=${DLOCK_DEBIAN_SUITE:-${standin_suite:-$(host_codename)}}
 	local name="rootfs-$suite-${packages//,/-}"
 	if [ -n "$fixup" ]; then
 		name="$name-$fixup-$(declare -f "$fixup" | sha256sum | cut -c1-8)"
@@ -329,7 +331,10 @@ ensure_image() {
 
 step "Checking server images"
 # One line per server kind: image, how to build its stand-in.
-ensure_image "${DLOCK_REDIS_IMAGE:-redis:7.2}" build_debian_standin redis-server
+# The Redis stand-in comes from Debian trixie (Redis 8.0): the tests need
+# Redis 7.2 or later, where WAIT counts only the connection's own writes
+# (bookworm has 7.0).
+standin_suite=trixie ensure_image "${DLOCK_REDIS_IMAGE:-redis:7.2}" build_debian_standin redis-server
 ensure_image "${DLOCK_ETCD_IMAGE:-quay.io/coreos/etcd:v3.7.3}" build_etcd_standin
 # Debian's zookeeper package (3.8 in bookworm) brings a JRE and keeps its
 # scripts in /usr/share/zookeeper/bin; conformance/servers runs
