@@ -246,8 +246,13 @@ func (l *Locker) As(target any) bool {
 // round whose majority did not answer within the per-node timeout) is tried
 // again after a short jittered delay, as the Redlock algorithm prescribes,
 // and only a failure that persists ends the wait. Backends that queue
-// waiters themselves (etcd, ZooKeeper) retry in their clients and report a
-// failure at once. TryAcquire makes one attempt and reports its failure.
+// waiters themselves (etcd, ZooKeeper) retry in their clients, and Acquire
+// reports their failure as soon as they give up: etcd when a request gets
+// no answer within its request timeout, ZooKeeper when its client has
+// tried every server and reached none, and on both when a queued waiter's
+// own lease or session can no longer be kept alive (each backend's package
+// documentation gives the bounds). TryAcquire makes one attempt and
+// reports its failure.
 func (l *Locker) Acquire(ctx context.Context, key string, opts *AcquireOptions) (*Lease, error) {
 	return l.acquire(ctx, "acquire", key, opts, true)
 }
