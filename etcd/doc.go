@@ -86,6 +86,21 @@
 // left on the server), or at Release. Without AutoRefresh the lease simply runs out
 // at its TTL, as on every dlock backend.
 //
+// # Failures
+//
+// The etcd client retries a request until a member answers, and a member
+// that has lost its quorum may not answer at all: left alone, a call
+// without a ctx deadline would wait until the cluster serves again. Every
+// request (grant, transaction, read, keepalive) is therefore bounded by
+// Options.RequestTimeout (5s by default; URL parameter request_timeout):
+// one that is not answered in time fails with ErrUnavailable, and Acquire
+// and TryAcquire report it at once (no retry). A failed Release spends up
+// to 2s more revoking the lease (see above). Waiting in the queue is not
+// bounded by it: a waiter waits for its turn until ctx ends, its lease is
+// lost, or no keepalive of its lease was answered for the lease's TTL.
+// Watches need no bound: they require a leader, so a member cut off from
+// the others cancels them.
+//
 // # Guarantees
 //
 // Fencing is consensus-grade; the lock works while a majority of the members
@@ -100,8 +115,8 @@
 //	etcds://host1:2379/prefix?ca=ca.pem&cert=client.pem&key=client-key.pem
 //
 // The path is the key prefix ("/locks" means "locks/"; default "dlock/").
-// Parameters: ttl (every backend), dial_timeout (default 5s); for etcds
-// (TLS): ca, cert, key (PEM files; cert and key go together) and
-// server_name. Unknown parameters are an error. A client built from a URL
+// Parameters: ttl (every backend), dial_timeout (default 5s),
+// request_timeout (default 5s); for etcds (TLS): ca, cert, key (PEM
+// files; cert and key go together) and server_name. Unknown parameters are an error. A client built from a URL
 // is closed when the Locker is.
 package etcd

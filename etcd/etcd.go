@@ -23,6 +23,10 @@ const DefaultPrefix = "dlock/"
 // failed, was cancelled, or found the key held.
 const cleanupTimeout = 2 * time.Second
 
+// DefaultRequestTimeout is the request timeout used when
+// [Options].RequestTimeout is 0.
+const DefaultRequestTimeout = 5 * time.Second
+
 // watchRetryPause is the pause before a waiter reads its queue again after
 // its watch broke.
 const watchRetryPause = 50 * time.Millisecond
@@ -36,6 +40,17 @@ type Options struct {
 	// DefaultPrefix ("dlock/"). Lockers that are to exclude each other
 	// must use the same prefix.
 	Prefix string
+	// RequestTimeout bounds each request to the cluster: the member list
+	// [New] reads, and every grant, transaction and read of Acquire,
+	// TryAcquire, Refresh and Release. The etcd client retries a request
+	// while no member answers (and a member that has lost its quorum
+	// answers only after its own request timeout, if at all), so without
+	// this bound a call without a ctx deadline would wait until the
+	// cluster serves again. A request not answered in time fails with
+	// ErrUnavailable; ctx's deadline, if earlier, ends it first. Waiting
+	// in the queue is not bounded by it (see [Driver.Acquire]). Default
+	// [DefaultRequestTimeout] (5s); negative is an error.
+	RequestTimeout time.Duration
 	// Locker configures the Locker that [New] returns (TTL, retries,
 	// drift factor, logger). Nil means defaults.
 	Locker *dlock.Options
@@ -46,6 +61,7 @@ type Options struct {
 type Driver struct {
 	client     *clientv3.Client
 	prefix     string
+	timeout    time.Duration // of each request
 	members    int
 	minGrant   time.Duration // the server's least lease TTL, learned by NewDriver
 	ownsClient bool
@@ -61,8 +77,8 @@ type Driver struct {
 // New checks opts, asks the cluster for its member list (to report how
 // many failures it tolerates), and returns a Locker over client configured
 // by opts.Locker. It does not take ownership of client: closing the Locker
-// leaves the client open. Errors wrap [backend.ErrInvalidConfig] or
-// [backend.ErrUnavailable].
+// leaves the client open. Errors wrap [backend.ErrInvalidConfig] (before any
+// I/O) or [backend.ErrUnavailable].
 func New(ctx context.Context, client *clientv3.Client, opts *Options) (*dlock.Locker, error) {
 	d, err := NewDriver(ctx, client, opts)
 	if err != nil {
@@ -88,10 +104,18 @@ func NewDriver(ctx context.Context, client *clientv3.Client, opts *Options) (*Dr
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
 	}
-	d := &Driver{client: client, prefix: o.Prefix}
-	resp, err := client.MemberList(ctx)
+	switch {
+	case o.RequestTimeout < 0:
+		return nil, fmt.Errorf("%w: etcd: negative RequestTimeout %v", backend.ErrInvalidConfig, o.RequestTimeout)
+	case o.RequestTimeout == 0:
+		o.RequestTimeout = DefaultRequestTimeout
+	}
+	d := &Driver{client: client, prefix: o.Prefix, timeout: o.RequestTimeout}
+	resp, err := call(ctx, d, "listing the cluster members", func(ctx context.Context) (*clientv3.MemberListResponse, error) {
+		return client.MemberList(ctx)
+	})
 	if err != nil {
-		return nil, unavailable("listing the cluster members", err)
+		return nil, err
 	}
 	d.members = len(resp.Members)
 	// The server raises a TTL below its floor (about 1.5 × its election
@@ -197,22 +221,26 @@ type waiter struct {
 func (d *Driver) enqueue(ctx context.Context, key string, ttl time.Duration) (*waiter, bool, error) {
 	w := &waiter{d: d, key: key, secs: ttlSeconds(ttl)}
 	w.anchor = time.Now()
-	g, err := d.client.Grant(ctx, w.secs)
+	g, err := call(ctx, d, "granting a lease", func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
+		return d.client.Grant(ctx, w.secs)
+	})
 	if err != nil {
-		return nil, false, unavailable("granting a lease", err)
+		return nil, false, err
 	}
 	w.id, w.ttl = g.ID, time.Duration(g.TTL)*time.Second
 	dir := d.dir(key)
 	w.myKey = fmt.Sprintf("%s%016x", dir, int64(w.id))
-	resp, err := d.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(w.myKey), "=", 0)).
-		Then(
-			clientv3.OpPut(w.myKey, "", clientv3.WithLease(w.id)),
-			clientv3.OpGet(dir, clientv3.WithFirstCreate()...),
-		).Commit()
+	resp, err := call(ctx, d, "joining the queue", func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return d.client.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(w.myKey), "=", 0)).
+			Then(
+				clientv3.OpPut(w.myKey, "", clientv3.WithLease(w.id)),
+				clientv3.OpGet(dir, clientv3.WithFirstCreate()...),
+			).Commit()
+	})
 	if err != nil {
 		w.revoke(ctx)
-		return nil, false, unavailable("joining the queue", err)
+		return nil, false, err
 	}
 	if !resp.Succeeded {
 		// A fresh lease's key cannot exist: someone else writes under
@@ -293,9 +321,9 @@ func (w *waiter) wait(ctx context.Context) error {
 	dir := w.d.dir(w.key)
 	for {
 		opts := append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(w.rev-1))
-		resp, err := w.d.client.Get(ctx, dir, opts...)
+		resp, err := w.d.get(ctx, "reading the queue", dir, opts...)
 		if err != nil {
-			return waitErr(ctx, unavailable("reading the queue", err))
+			return waitErr(ctx, err)
 		}
 		if len(resp.Kvs) == 0 {
 			break
@@ -309,9 +337,9 @@ func (w *waiter) wait(ctx context.Context) error {
 		}
 	}
 	// Our turn: check that our key (and so our lease) is still there.
-	resp, err := w.d.client.Get(ctx, w.myKey)
+	resp, err := w.d.get(ctx, "checking the waiter's key", w.myKey)
 	if err != nil {
-		return waitErr(ctx, unavailable("checking the waiter's key", err))
+		return waitErr(ctx, err)
 	}
 	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != w.rev {
 		return fmt.Errorf("%w: etcd: the waiter's lease expired while it was queued", backend.ErrUnavailable)
@@ -362,9 +390,9 @@ func (w *waiter) waitDelete(ctx context.Context, key string, createRev, readRev 
 			if wr.Header.Revision <= readRev {
 				continue // nothing was written since the read
 			}
-			resp, err := w.d.client.Get(wctx, key)
+			resp, err := w.d.get(wctx, "reading the predecessor", key)
 			if err != nil {
-				return unavailable("reading the predecessor", err)
+				return err
 			}
 			if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != createRev {
 				return nil // deleted before the watch began
@@ -408,8 +436,13 @@ func (w *waiter) keepAlive(ctx context.Context, cancel context.CancelCauseFunc) 
 			return
 		}
 		// The client retries a keepalive that gets no answer until its
-		// context ends: bound it by the lease's possible expiry.
-		kctx, kcancel := context.WithDeadline(ctx, expiry)
+		// context ends: bound it by the request timeout and the
+		// lease's possible expiry.
+		kdeadline := sent.Add(w.d.timeout)
+		if expiry.Before(kdeadline) {
+			kdeadline = expiry
+		}
+		kctx, kcancel := context.WithDeadline(ctx, kdeadline)
 		resp, err := w.d.client.KeepAliveOnce(kctx, w.id)
 		kcancel()
 		switch {
@@ -453,6 +486,30 @@ func (w *waiter) revoke(ctx context.Context) {
 				return
 			}
 		}
+	})
+}
+
+// call makes one request to the cluster: f with ctx bounded by the request
+// timeout. Its error wraps ErrUnavailable and says what was being done. A
+// request that ran out of time while ctx had not ended says so, and does
+// not wrap context.DeadlineExceeded, which would suggest that ctx ended.
+func call[T any](ctx context.Context, d *Driver, doing string, f func(context.Context) (T, error)) (T, error) {
+	rctx, cancel := context.WithTimeout(ctx, d.timeout)
+	defer cancel()
+	v, err := f(rctx)
+	switch {
+	case err == nil:
+		return v, nil
+	case ctx.Err() == nil && rctx.Err() != nil:
+		return v, fmt.Errorf("%w: etcd: %s: no answer within the request timeout (%v)", backend.ErrUnavailable, doing, d.timeout)
+	}
+	return v, unavailable(doing, err)
+}
+
+// get reads key within the request timeout.
+func (d *Driver) get(ctx context.Context, doing, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	return call(ctx, d, doing, func(ctx context.Context) (*clientv3.GetResponse, error) {
+		return d.client.Get(ctx, key, opts...)
 	})
 }
 

@@ -21,7 +21,7 @@ func TestParseURL(t *testing.T) {
 		prefix    string
 		user      string
 	}{
-		{"etcd://h1:2379,h2:2380/locks?dial_timeout=2s", []string{"http://h1:2379", "http://h2:2380"}, "locks/", ""},
+		{"etcd://h1:2379,h2:2380/locks?dial_timeout=2s&request_timeout=3s", []string{"http://h1:2379", "http://h2:2380"}, "locks/", ""},
 		{"etcd://u:p@h1", []string{"http://h1:2379"}, "", "u"},
 		{"etcds://h1:2379/a/b/", []string{"https://h1:2379"}, "a/b/", ""},
 	} {
@@ -38,11 +38,18 @@ func TestParseURL(t *testing.T) {
 			t.Errorf("%s: prefix %q user %q, want %q %q", tc.url, o.Prefix, cfg.Username, tc.prefix, tc.user)
 		}
 	}
+	if u, _ := url.Parse("etcd://h1?request_timeout=3s"); true {
+		if _, o, err := etcd.ParseURL(u); err != nil || o.RequestTimeout != 3*time.Second {
+			t.Errorf("request_timeout=3s: %+v, %v; want RequestTimeout 3s", o, err)
+		}
+	}
 	for _, bad := range []string{
 		"etcd:///locks",                     // no endpoints
 		"etcd://h1,,h2",                     // empty host
 		"etcd://h1?foo=1",                   // unknown parameter
 		"etcd://h1?dial_timeout=soon",       // bad duration
+		"etcd://h1?request_timeout=0s",      // not positive
+		"etcd://h1?request_timeout=-1s",     // not positive
 		"etcd://h1?ca=/x.pem",               // TLS parameter without TLS
 		"etcds://h1?cert=/c.pem",            // cert without key
 		"etcds://h1?ca=/does/not/exist.pem", // unreadable CA
@@ -268,5 +275,20 @@ func TestReleaseWithEndedContext(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestNegativeRequestTimeout: a bad option is an error before any I/O (the
+// client's endpoint answers nothing).
+func TestNegativeRequestTimeout(t *testing.T) {
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	if _, err := etcd.NewDriver(ctx, c, &etcd.Options{RequestTimeout: -time.Second}); !errors.Is(err, dlock.ErrInvalidConfig) {
+		t.Errorf("NewDriver with RequestTimeout -1s = %v, want ErrInvalidConfig", err)
 	}
 }

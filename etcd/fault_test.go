@@ -116,8 +116,12 @@ func TestLeaderKilledWhileHeld(t *testing.T) {
 	}
 }
 
-// TestMajorityDown: with two of three members down, Acquire fails within the
-// caller's deadline, reports the backend unavailable, and grants nothing.
+// TestMajorityDown: with two of three members down (the leader among them),
+// Acquire fails within the caller's deadline, reports the backend
+// unavailable, and grants nothing. Without a deadline, Acquire, TryAcquire
+// and Release fail within the request timeout (the etcd client alone would
+// retry until a member answers); so they do with every member down, when
+// the client cannot connect at all.
 func TestMajorityDown(t *testing.T) {
 	t.Parallel()
 	c := faultCluster(t)
@@ -125,13 +129,13 @@ func TestMajorityDown(t *testing.T) {
 	admin := newClient(t, eps)
 	l := newLocker(t, eps, nil)
 	key := uniqueKey(t)
-
-	down := []int{}
-	for i := range c.Members {
-		if len(down) < 2 {
-			down = append(down, i)
-		}
+	held, err := l.Acquire(t.Context(), uniqueKey(t), &dlock.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
 	}
+
+	lead := leader(t, c, admin)
+	down := []int{lead, (lead + 1) % len(c.Members)}
 	for _, i := range down {
 		if err := c.Members[i].Kill(t.Context()); err != nil {
 			t.Fatal(err)
@@ -154,10 +158,19 @@ func TestMajorityDown(t *testing.T) {
 	}
 	t.Logf("Acquire with 2 of 3 members down: %v after %v", err, took.Round(time.Millisecond))
 
-	// Bring the majority back (together: each needs a quorum to serve)
+	// No deadline: each call must still end, within the request timeout.
+	noDeadline(t, "with a majority down", l, key, held)
+
+	// Every member down: the client cannot connect.
+	if err := c.Members[(lead+2)%len(c.Members)].Kill(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	noDeadline(t, "with every member down", l, key, held)
+
+	// Bring the members back (together: each needs a quorum to serve)
 	// and check that nothing was granted: no key in the lock's queue.
 	var wg sync.WaitGroup
-	for _, i := range down {
+	for i := range c.Members {
 		wg.Go(func() {
 			if err := c.Members[i].Start(t.Context()); err != nil {
 				t.Errorf("restarting member %d: %v", i, err)
@@ -179,6 +192,60 @@ func TestMajorityDown(t *testing.T) {
 	}
 	if len(resp.Kvs) != 0 {
 		t.Errorf("%d key(s) left in the queue after the failed Acquire", len(resp.Kvs))
+	}
+}
+
+// noDeadline checks that Acquire, TryAcquire and a Release of held, called
+// without a deadline while the cluster cannot serve, fail with
+// ErrUnavailable within etcd.DefaultRequestTimeout (plus slack), granting
+// nothing.
+func noDeadline(t *testing.T, when string, l *dlock.Locker, key string, held *dlock.Lease) {
+	t.Helper()
+	bound := etcd.DefaultRequestTimeout + slack
+	calls := []struct {
+		name string
+		call func(context.Context) error
+	}{
+		{"Acquire", func(ctx context.Context) error {
+			le, err := l.Acquire(ctx, key, &dlock.AcquireOptions{TTL: 5 * time.Second})
+			if err == nil {
+				t.Errorf("Acquire %s returned a lease (token %d)", when, le.Token())
+			}
+			return err
+		}},
+		{"TryAcquire", func(ctx context.Context) error {
+			le, err := l.TryAcquire(ctx, key, &dlock.AcquireOptions{TTL: 5 * time.Second})
+			if err == nil {
+				t.Errorf("TryAcquire %s returned a lease (token %d)", when, le.Token())
+			}
+			return err
+		}},
+		{"Release", func(ctx context.Context) error {
+			if held.Err() != nil {
+				return dlock.ErrUnavailable // released by an earlier round
+			}
+			return held.Release(ctx)
+		}},
+	}
+	for _, c := range calls {
+		// ctx has no deadline; it is cancelled only to end a call that
+		// overran, so that the test does not hang.
+		ctx, cancel := context.WithCancel(t.Context())
+		res := make(chan error, 1)
+		start := time.Now()
+		go func() { res <- c.call(ctx) }()
+		select {
+		case err := <-res:
+			t.Logf("%s %s, no deadline: %v after %v", c.name, when, err, time.Since(start).Round(time.Millisecond))
+			if !errors.Is(err, dlock.ErrUnavailable) {
+				t.Errorf("%s %s = %v, want ErrUnavailable", c.name, when, err)
+			}
+		case <-time.After(bound):
+			cancel()
+			t.Errorf("%s %s, without a deadline, still running after %v", c.name, when, bound)
+			<-res
+		}
+		cancel()
 	}
 }
 

@@ -118,17 +118,20 @@ func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 	l.leaseMu.Lock()
 	same, id := secs == l.w.secs, l.w.id
 	l.leaseMu.Unlock()
+	d := l.w.d
 	if same {
-		resp, err := l.w.d.client.KeepAliveOnce(ctx, id)
+		resp, err := call(ctx, d, "renewing the lease", func(ctx context.Context) (*clientv3.LeaseKeepAliveResponse, error) {
+			return d.client.KeepAliveOnce(ctx, id)
+		})
 		switch {
 		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
 			return 0, fmt.Errorf("%w: etcd: the lease has expired", backend.ErrNotHeld)
 		case err != nil:
-			return 0, unavailable("renewing the lease", err)
+			return 0, err
 		}
-		tr, err := l.w.d.client.Txn(ctx).If(l.owned()...).Commit()
+		tr, err := d.txn(ctx, "checking the lock key", l.owned())
 		if err != nil {
-			return 0, unavailable("checking the lock key", err)
+			return 0, err
 		}
 		if !tr.Succeeded {
 			return 0, fmt.Errorf("%w: etcd: the lock key is gone", backend.ErrNotHeld)
@@ -136,19 +139,20 @@ func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 		return time.Duration(resp.TTL) * time.Second, nil
 	}
 
-	g, err := l.w.d.client.Grant(ctx, secs)
+	g, err := call(ctx, d, "granting a lease", func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
+		return d.client.Grant(ctx, secs)
+	})
 	if err != nil {
-		return 0, unavailable("granting a lease", err)
+		return 0, err
 	}
-	nw := &waiter{d: l.w.d, id: g.ID}
-	tr, err := l.w.d.client.Txn(ctx).If(l.owned()...).
-		Then(clientv3.OpPut(l.w.myKey, "", clientv3.WithLease(g.ID))).Commit()
+	nw := &waiter{d: d, id: g.ID}
+	tr, err := d.txn(ctx, "moving the lock key to a new lease", l.owned(), clientv3.OpPut(l.w.myKey, "", clientv3.WithLease(g.ID)))
 	if err != nil {
 		// The move may have happened. Find out which lease the key is
 		// on before revoking either (revoking the wrong one would
 		// delete our own lock).
 		l.settleMove(ctx, id, g.ID)
-		return 0, unavailable("moving the lock key to a new lease", err)
+		return 0, err
 	}
 	if !tr.Succeeded {
 		nw.revoke(ctx)
@@ -157,6 +161,13 @@ func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 	l.adopt(g.ID, secs, time.Duration(g.TTL)*time.Second)
 	(&waiter{d: l.w.d, id: id}).revoke(ctx) // no key on it now: revoking deletes nothing
 	return time.Duration(g.TTL) * time.Second, nil
+}
+
+// txn commits If(cmps).Then(then...) within the request timeout.
+func (d *Driver) txn(ctx context.Context, doing string, cmps []clientv3.Cmp, then ...clientv3.Op) (*clientv3.TxnResponse, error) {
+	return call(ctx, d, doing, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return d.client.Txn(ctx).If(cmps...).Then(then...).Commit()
+	})
 }
 
 // adopt makes the lease keep id (of secs asked, ttl granted) alive from now
@@ -199,14 +210,14 @@ func (l *lease) settleMove(ctx context.Context, old, nw clientv3.LeaseID) {
 // error.
 func (l *lease) Release(ctx context.Context) error {
 	l.releasing.Store(true)
-	tr, err := l.w.d.client.Txn(ctx).If(l.owned()...).Then(clientv3.OpDelete(l.w.myKey)).Commit()
+	tr, err := l.w.d.txn(ctx, "deleting the lock key", l.owned(), clientv3.OpDelete(l.w.myKey))
 	l.stop()
 	l.leaseMu.Lock()
 	w := &waiter{d: l.w.d, id: l.w.id, ttl: l.w.ttl}
 	l.leaseMu.Unlock()
 	w.revoke(ctx) // ignores ctx's end; the only key on the lease is ours
 	if err != nil {
-		return unavailable("deleting the lock key", err)
+		return err
 	}
 	if !tr.Succeeded {
 		return fmt.Errorf("%w: etcd: the lock key is gone", backend.ErrNotHeld)
@@ -245,7 +256,7 @@ func (l *lease) watchLoss(ctx context.Context) {
 		}
 		if !gone {
 			// The watch broke: is the key still ours?
-			resp, err := c.Get(ctx, l.w.myKey)
+			resp, err := l.w.d.get(ctx, "reading the lock key", l.w.myKey)
 			if err != nil {
 				select {
 				case <-ctx.Done():

@@ -36,7 +36,8 @@ const defaultDialTimeout = 5 * time.Second
 //
 // The path, if any, is the key prefix (a slash is added at its end:
 // "/locks" means prefix "locks/"). Parameters: ttl (all backends),
-// dial_timeout (default 5s), and for etcds: ca (a PEM file of the CAs to
+// dial_timeout (default 5s), request_timeout (Options.RequestTimeout,
+// default 5s), and for etcds: ca (a PEM file of the CAs to
 // trust; default the system pool), cert and key (a client certificate, both
 // or neither), server_name (the name to verify, default the host dialled).
 func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
@@ -105,6 +106,15 @@ func parseURL(u *url.URL) (*clientv3.Config, *Options, error) {
 		}
 		cfg.DialTimeout = t
 	}
+	if v, ok, err := urlparam.Take(q, "request_timeout"); err != nil {
+		return nil, nil, err
+	} else if ok {
+		t, err := time.ParseDuration(v)
+		if err != nil || t <= 0 {
+			return nil, nil, bad("parameter request_timeout=%q: want a positive duration such as 5s", v)
+		}
+		o.RequestTimeout = t
+	}
 	var tlsParams [4]string
 	for i, name := range []string{"ca", "cert", "key", "server_name"} {
 		v, ok, err := urlparam.Take(q, name)
@@ -117,7 +127,7 @@ func parseURL(u *url.URL) (*clientv3.Config, *Options, error) {
 		tlsParams[i] = v
 	}
 	for name := range q {
-		return nil, nil, bad("unknown parameter %q (known: ttl, dial_timeout, ca, cert, key, server_name)", name)
+		return nil, nil, bad("unknown parameter %q (known: ttl, dial_timeout, request_timeout, ca, cert, key, server_name)", name)
 	}
 	if u.Scheme == "etcds" {
 		tc, err := tlsConfig(tlsParams[0], tlsParams[1], tlsParams[2], tlsParams[3])
