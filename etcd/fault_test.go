@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -65,8 +66,12 @@ func tryUntilAnswered(t *testing.T, l *dlock.Locker, key string) (*dlock.Lease, 
 	return nil, nil
 }
 
-// TestLeaderKilledWhileHeld: the lock stays held and exclusive across a
-// leader change, and the next holder's token is larger.
+// TestLeaderKilledWhileHeld: the leader (found by asking each member, not
+// assumed to be Members[0]) is killed while the lock is held. A new leader
+// is elected and serves; the lock stays held and exclusive across the
+// change; the next holder's token is larger; and, with the old leader
+// still down, three contending Lockers never hold the lock at once and get
+// increasing tokens in grant order.
 func TestLeaderKilledWhileHeld(t *testing.T) {
 	t.Parallel()
 	c := faultCluster(t)
@@ -111,8 +116,61 @@ func TestLeaderKilledWhileHeld(t *testing.T) {
 	if err := lb.Release(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	contend(t, eps, key, 3, 10, lb.Token())
 	if err := c.Members[old].Start(t.Context()); err != nil {
 		t.Fatalf("restarting the old leader: %v", err)
+	}
+}
+
+// contend has n Lockers of their own take key in turns, rounds times each.
+// It checks mutual exclusion (no critical section overlaps another) and
+// token order (each grant's token is above the previous grant's, starting
+// above after).
+func contend(t *testing.T, eps []string, key string, n, rounds int, after dlock.Token) {
+	t.Helper()
+	var (
+		inside atomic.Int32
+		mu     sync.Mutex
+		last   = after
+		grants int
+		wg     sync.WaitGroup
+	)
+	for range n {
+		l := newLocker(t, eps, nil)
+		wg.Go(func() {
+			for range rounds {
+				ctx, cancel := context.WithTimeout(t.Context(), slack)
+				le, err := l.Acquire(ctx, key, &dlock.AcquireOptions{TTL: 5 * time.Second})
+				cancel()
+				if err != nil {
+					t.Errorf("contending Acquire: %v", err)
+					return
+				}
+				if k := inside.Add(1); k != 1 {
+					t.Errorf("%d holders at once (token %d)", k, le.Token())
+				}
+				mu.Lock()
+				if le.Token() <= last {
+					t.Errorf("token %d granted after token %d", le.Token(), last)
+				}
+				last = max(last, le.Token())
+				grants++
+				mu.Unlock()
+				time.Sleep(10 * time.Millisecond) // hold it while the others try
+				if err := le.Err(); err != nil {
+					t.Errorf("lease lost in its critical section: %v", err)
+				}
+				inside.Add(-1)
+				if err := le.Release(t.Context()); err != nil {
+					t.Errorf("contending Release: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if grants != n*rounds {
+		t.Errorf("%d grants, want %d", grants, n*rounds)
 	}
 }
 
