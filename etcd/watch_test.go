@@ -249,16 +249,17 @@ func TestWaiterWatchStartsNow(t *testing.T) {
 		}
 		return k
 	}
-	acquire := func(t *testing.T, l *dlock.Locker, key string) <-chan *dlock.Lease {
-		got := make(chan *dlock.Lease, 1)
+	type result struct {
+		le  *dlock.Lease
+		err error
+	}
+	acquire := func(t *testing.T, l *dlock.Locker, key string) <-chan result {
+		got := make(chan result, 1)
 		go func() {
 			ctx, cancel := context.WithTimeout(t.Context(), slack)
 			defer cancel()
 			le, err := l.Acquire(ctx, key, &dlock.AcquireOptions{TTL: time.Minute})
-			if err != nil {
-				t.Errorf("the waiter's Acquire: %v", err)
-			}
-			got <- le
+			got <- result{le, err}
 		}()
 		return got
 	}
@@ -279,10 +280,11 @@ func TestWaiterWatchStartsNow(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		le := <-acquire(t, l, key)
-		if le == nil {
-			t.FailNow()
+		r := <-acquire(t, l, key)
+		if r.err != nil {
+			t.Fatalf("the waiter's Acquire: %v", r.err)
 		}
+		le := r.le
 		after, err := metric(t.Context(), addr, "etcd_debugging_mvcc_events_total")
 		if err != nil {
 			t.Fatal(err)
@@ -312,19 +314,19 @@ func TestWaiterWatchStartsNow(t *testing.T) {
 		got := acquire(t, l, key)
 		awaitWatchers(t, addr, 1, "the waiter's watch")
 		select {
-		case le := <-got:
-			t.Fatalf("granted while the predecessor is there (token %d)", le.Token())
+		case r := <-got:
+			t.Fatalf("the waiter's Acquire returned while the predecessor is there: %v, %v", r.le, r.err)
 		default:
 		}
 		if _, err := admin.Delete(t.Context(), pred); err != nil {
 			t.Fatal(err)
 		}
 		select {
-		case le := <-got:
-			if le == nil {
-				t.FailNow()
+		case r := <-got:
+			if r.err != nil {
+				t.Fatalf("the waiter's Acquire: %v", r.err)
 			}
-			if err := le.Release(t.Context()); err != nil {
+			if err := r.le.Release(t.Context()); err != nil {
 				t.Fatal(err)
 			}
 		case <-time.After(slack):
