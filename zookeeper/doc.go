@@ -36,7 +36,10 @@
 //   - A cancelled or failed acquire returns at once and deletes its node in
 //     the background: the task retries until the node is gone, its session
 //     has ended (the server then deletes it) or the Locker is closed
-//     (Close waits for it, and ends the session).
+//     (Close waits for it, and ends the session). A TryAcquire that finds
+//     the lock held deletes its node before it returns (one delete, given
+//     up to a second; after that, in the background), so that its node
+//     does not stand before a later TryAcquire once the holder releases.
 //
 // # Fencing token
 //
@@ -73,21 +76,35 @@
 //
 // # Failures
 //
-// Acquire and TryAcquire report an unreachable ensemble at once, without a
-// ctx deadline: once the client has tried every server and reached none
-// (zk.ErrNoServer: at most a second per server that is down, plus a
-// second), the call fails with ErrUnavailable; a request cut by a broken
-// connection is tried again while the client reconnects. A frozen server
-// that still accepts connections is slower to give up on: go-zookeeper
-// waits up to 2/3 of the session timeout for an answer to a request, and
-// ten times that for the answer to a connection's handshake, so pass a ctx
-// deadline where that matters. A waiter already queued keeps waiting
-// while disconnected (its node lives as long as its session), and gives up
-// with ErrUnavailable once it has been without a connection for longer than
-// the session timeout: by then its session has expired, unless the whole
-// ensemble is down. A waiter whose session expires never gets the lock: it
-// fails with ErrUnavailable, when it reconnects or once that time has
-// passed, whichever comes first.
+// Acquire and TryAcquire report an unreachable ensemble without a ctx
+// deadline. A request cut by a broken connection, or one the client could
+// not send, is tried again while the client reconnects. go-zookeeper fails
+// the requests it has not sent (zk.ErrNoServer) each time it has gone
+// through its server list, which after losing the only server is at once,
+// before dialling anything: so that alone does not mean that no server
+// answers. The call fails with ErrUnavailable once the connection has been
+// down for a full reconnect cycle (a second per server, plus a second) and
+// the client has dialled every server since, at its next round: within
+// about two cycles. A leader election that ends within a cycle is ridden
+// out (an Acquire started during it is served by the new leader); a
+// longer one fails an Acquire not yet queued with ErrUnavailable. A frozen
+// server that still accepts connections is slower to give up on:
+// go-zookeeper waits up to 2/3 of the session timeout for an answer to a
+// request, and ten times that for the answer to a connection's handshake,
+// so pass a ctx deadline where that matters.
+//
+// A waiter already queued (its node created) keeps waiting while
+// disconnected, whatever the client's rounds report (its node lives as
+// long as its session), and gives up with ErrUnavailable once it has been
+// without a connection for longer than the session timeout plus two
+// seconds (a tick of a default server: the server expires sessions on tick
+// boundaries, rounded up). By then its session may have expired, unless
+// the whole ensemble is down, or a new leader was elected meanwhile (it
+// gives every session a full timeout again): the waiter gives up its node
+// all the same (deleted in the background) and with it its place in the
+// queue, so the lock stays safe. A waiter whose session expires never gets
+// the lock: it fails with ErrUnavailable, when it reconnects or once that
+// time has passed, whichever comes first.
 //
 // Disconnected is "not certain": the session may survive (the client
 // reconnects within the session timeout) or expire. While disconnected,

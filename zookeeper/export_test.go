@@ -11,3 +11,7 @@ var (
 	Seq    = seq
 	Before = before
 )
+
+// CutOffMargin exposes how much longer than its session timeout a waiter
+// without a connection waits.
+const CutOffMargin = cutOffMargin

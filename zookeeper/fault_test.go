@@ -25,21 +25,25 @@ import (
 const slack = 15 * time.Second
 
 // cutter is a zk.Dialer whose connections the test can cut: right after the
-// next create request is sent (its reply is lost), or all at once, refusing
-// new ones (a partition).
+// next request of a given type is sent (its reply is lost), or all at once,
+// refusing new ones (a partition). It can also delay delete requests (a
+// slow link).
 type cutter struct {
 	mu            sync.Mutex
 	conns         []net.Conn
-	armed         bool // cut after the next create request
-	thenPartition bool // and refuse new connections from then on
+	armed         int32 // cut after the next request of this type (0: none)
+	thenPartition bool  // and refuse new connections from then on
 	cuts          int
 	partitioned   bool
+	refused       int           // dials refused by the partition
+	slowDeletes   time.Duration // delay before each delete request is sent
 }
 
 func (c *cutter) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.partitioned {
+		c.refused++
 		return nil, errors.New("cutter: partitioned")
 	}
 	nc, err := net.DialTimeout(network, addr, timeout)
@@ -65,24 +69,43 @@ func (c *cutter) partition(on bool) {
 	}
 }
 
-func (c *cutter) arm() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.armed = true
-}
+// arm cuts the connection after the next create request.
+func (c *cutter) arm() { c.armOn(opCreate, false) }
 
 // armPartition is arm, and the cut starts a partition: the client cannot
 // reconnect until partition(false).
-func (c *cutter) armPartition() {
+func (c *cutter) armPartition() { c.armOn(opCreate, true) }
+
+// armOn cuts the connection after the next request of type op, and starts
+// a partition if partition is set.
+func (c *cutter) armOn(op int32, partition bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.armed, c.thenPartition = true, true
+	c.armed, c.thenPartition = op, partition
 }
 
 func (c *cutter) cutCount() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.cuts
+}
+
+// refusedCount is the number of dials the partitions refused.
+func (c *cutter) refusedCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.refused
+}
+
+// waitRefused waits until the partitions have refused n dials.
+func (c *cutter) waitRefused(t *testing.T, n int) {
+	t.Helper()
+	for end := time.Now().Add(slack); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if c.refusedCount() >= n {
+			return
+		}
+	}
+	t.Fatalf("%d dials refused within %v, want %d", c.refusedCount(), slack, n)
 }
 
 type cutConn struct {
@@ -99,15 +122,24 @@ func (cc *cutConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// opCreate is ZooKeeper's create request type. A request is one frame:
-// length, xid, type, body; the client library writes it in one Write.
-const opCreate = 1
+// ZooKeeper's request types. A request is one frame: length, xid, type,
+// body; the client library writes it in one Write.
+const (
+	opCreate       = 1
+	opDelete       = 2
+	opGetChildren2 = 12
+)
 
 func (cc *cutConn) Write(p []byte) (int, error) {
 	cc.c.mu.Lock()
-	cut := cc.c.armed && len(p) >= 12 && binary.BigEndian.Uint32(p[8:12]) == opCreate
+	var op int32 = -1
+	if len(p) >= 12 {
+		op = int32(binary.BigEndian.Uint32(p[8:12]))
+	}
+	cut := cc.c.armed != 0 && op == cc.c.armed
+	slow := cc.c.slowDeletes
 	if cut {
-		cc.c.armed = false
+		cc.c.armed = 0
 		cc.c.cuts++
 		cc.dead.Store(true) // before the request leaves: its reply is lost
 		if cc.c.thenPartition {
@@ -116,6 +148,9 @@ func (cc *cutConn) Write(p []byte) (int, error) {
 		}
 	}
 	cc.c.mu.Unlock()
+	if op == opDelete && slow > 0 {
+		time.Sleep(slow)
+	}
 	n, err := cc.Conn.Write(p)
 	if cut {
 		time.Sleep(100 * time.Millisecond) // the server takes the create; its reply is lost
@@ -192,6 +227,34 @@ func TestConnectionLostDuringCreate(t *testing.T) {
 		t.Errorf("token %d not above the earlier %d", lb.Token(), la.Token())
 	}
 	_ = lb.Release(t.Context())
+}
+
+// TestCreateLostShortOutage: the connection drops after the create request
+// reached the server, and the only server refuses the client's next dial.
+// The client fails the requests it has not sent with zk.ErrNoServer (at
+// once when it has one server, and again after the refused dial) long
+// before it has been without a connection for a full reconnect cycle:
+// protection mode keeps looking for our node, and Acquire succeeds once
+// the server lets the client back in.
+func TestCreateLostShortOutage(t *testing.T) {
+	t.Parallel()
+	srv := servers.ZooKeeper(t, 1).Servers()
+	admin := adminConn(t, srv)
+	cut := &cutter{}
+	a := newLocker(t, srv, &zookeeper.Options{Dialer: cut.dial})
+	b := newLocker(t, srv, nil)
+	key := uniqueKey(t)
+	prime(t, b, key)
+
+	cut.armPartition()
+	defer cut.partition(false)
+	got := acquireAsync(t.Context(), a, key)
+	cut.waitRefused(t, 1)
+	cut.partition(false)
+	if err := waitResult(got, slack); err == nil || err.Error() != "granted" {
+		t.Fatalf("Acquire across a create cut by a one-dial outage = %v, want granted", err)
+	}
+	waitNoNodes(t, admin, key)
 }
 
 // TestCancelledDuringCreate: the caller gives up while the create's reply
@@ -291,11 +354,12 @@ func tryUntilAnswered(t *testing.T, l *dlock.Locker, key string) (*dlock.Lease, 
 }
 
 // TestEnsembleFailures: with the leader of three servers killed, a new
-// leader is elected and the lock serves again: a lease taken before the kill
-// stays held and exclusive, and Lockers taking turns afterwards never
-// overlap and get strictly increasing tokens. With two of three killed,
-// Acquire (without a deadline) fails with ErrUnavailable within a few
-// seconds.
+// leader is elected and the lock serves again: an Acquire started during
+// the election (once its client lost its connection) rides it out (shorter here than a reconnect
+// cycle of the client) and is granted, a lease taken before the kill stays
+// held and exclusive, and Lockers taking turns afterwards never overlap and
+// get strictly increasing tokens. With two of three killed, Acquire
+// (without a deadline) fails with ErrUnavailable within a few seconds.
 func TestEnsembleFailures(t *testing.T) {
 	t.Parallel()
 	e, err := servers.StartZooKeeper(t.Context(), 3)
@@ -306,6 +370,12 @@ func TestEnsembleFailures(t *testing.T) {
 	srv := e.Servers()
 	a, b := newLocker(t, srv, nil), newLocker(t, srv, nil)
 	key := uniqueKey(t)
+	// Lockers that start an Acquire during the election, on keys of
+	// their own (each client reconnects in its own time).
+	var electors []*dlock.Locker
+	for range 4 {
+		electors = append(electors, newLocker(t, srv, nil))
+	}
 
 	la, err := a.Acquire(t.Context(), key, &dlock.AcquireOptions{TTL: 10 * time.Second, AutoRefresh: true, MaxHold: time.Minute})
 	if err != nil {
@@ -316,8 +386,22 @@ func TestEnsembleFailures(t *testing.T) {
 	if err := e.Members[first].Kill(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	killed := time.Now()
+	// Every server drops its clients until a new leader serves: each
+	// elector starts an Acquire once its client has lost its connection.
+	var during []<-chan error
+	for _, l := range electors {
+		awaitNoSession(t, l)
+		during = append(during, acquireAsync(t.Context(), l, uniqueKey(t)))
+	}
 	second := awaitLeader(t, e, map[int]bool{first: true})
-	t.Logf("new leader: %v", e.Members[second])
+	t.Logf("new leader: %v, %v after the kill", e.Members[second], time.Since(killed).Round(time.Millisecond))
+	for i, got := range during {
+		if err := waitResult(got, slack); err == nil || err.Error() != "granted" {
+			t.Errorf("elector %d: Acquire started during the election = %v, want granted", i, err)
+		}
+	}
+	t.Logf("Acquires started during the election: done %v after the kill", time.Since(killed).Round(time.Millisecond))
 	if _, err := tryUntilAnswered(t, b, key); !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Fatalf("TryAcquire while held, leader killed = %v, want ErrNotAcquired", err)
 	}
@@ -344,10 +428,12 @@ func TestEnsembleFailures(t *testing.T) {
 	if err := e.Members[second].Kill(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	// The client tries each of the 3 servers once (1s connect timeout
-	// each; the one left refuses clients without a quorum) and then fails
-	// the requests it could not send: Acquire fails after one such cycle.
-	bound := reconnectCycle(len(srv)) + 5*time.Second
+	// The client tries each of the 3 servers in turn (1s connect timeout
+	// each; the one left refuses clients without a quorum) and fails the
+	// requests it could not send whenever it has gone through the list:
+	// Acquire fails at the first such round once the connection has been
+	// down for a full cycle; give it two.
+	bound := 2*reconnectCycle(len(srv)) + 5*time.Second
 	start := time.Now()
 	le, err := acquireWithin(t, a, key, bound)
 	took := time.Since(start)
@@ -360,10 +446,11 @@ func TestEnsembleFailures(t *testing.T) {
 	t.Logf("Acquire with 2 of 3 servers down: %v after %v", err, took.Round(time.Millisecond))
 }
 
-// reconnectCycle is how long the ZooKeeper client takes to give up on a
-// request it could not send when no server of n answers: it tries each
-// server once (go-zookeeper's connect timeout is 1s), then fails the
-// unsent requests with zk.ErrNoServer and pauses 1s before the next round.
+// reconnectCycle is how long the ZooKeeper client takes to try each of n
+// servers once (go-zookeeper's connect timeout is 1s) and pause 1s before
+// the next round; it fails the requests it could not send (zk.ErrNoServer)
+// at every round, and the driver gives up on them once its connection has
+// been down for a full cycle.
 func reconnectCycle(n int) time.Duration { return time.Duration(n+1) * time.Second }
 
 // acquireWithin runs l.Acquire on key with t's context (no deadline) and
@@ -466,6 +553,21 @@ func awaitSession(t *testing.T, l *dlock.Locker) {
 		}
 	}
 	t.Fatalf("no session within %v (state %v)", slack, c.State())
+}
+
+// awaitNoSession waits until l's ZooKeeper client has lost its connection.
+func awaitNoSession(t *testing.T, l *dlock.Locker) {
+	t.Helper()
+	var c *zk.Conn
+	if !l.As(&c) {
+		t.Fatal("Locker.As(**zk.Conn) = false")
+	}
+	for end := time.Now().Add(slack); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if c.State() != zk.StateHasSession {
+			return
+		}
+	}
+	t.Fatalf("the client kept its connection for %v", slack)
 }
 
 // takeTurns has each Locker take the lock on key a few times, concurrently:

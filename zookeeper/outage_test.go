@@ -105,8 +105,8 @@ func acquireAsync(ctx context.Context, l *dlock.Locker, key string) <-chan error
 // TestCreateLostThenUnreachable: the connection breaks right after a
 // create request reached the server and the client can reach no server
 // afterwards, so protection mode cannot look for the node. Acquire (without
-// a deadline) fails with ErrUnavailable at once instead of waiting for the
-// ensemble; the orphan node is deleted in the background once the server
+// a deadline) fails with ErrUnavailable after a reconnect cycle of the
+// client instead of waiting for the ensemble; the orphan node is deleted in the background once the server
 // can be reached again (well within the session timeout, so it is the
 // driver's deletion, not the session's end).
 func TestCreateLostThenUnreachable(t *testing.T) {
@@ -122,8 +122,8 @@ func TestCreateLostThenUnreachable(t *testing.T) {
 	cut.armPartition()
 	defer cut.partition(false)
 	got := acquireAsync(t.Context(), a, key)
-	// The request never sent is failed after one reconnect cycle; give
-	// it two (one may be under way when the connection breaks).
+	// The request never sent is failed once the connection has been
+	// down for a reconnect cycle; give it two.
 	bound := 2*reconnectCycle(len(srv)) + 5*time.Second
 	err := waitResult(got, bound)
 	if cut.cutCount() != 1 {
@@ -149,13 +149,106 @@ func TestCreateLostThenUnreachable(t *testing.T) {
 	_ = lb.Release(t.Context())
 }
 
+// TestWaiterRidesOutNoServer: a queued waiter's watch fires (the holder
+// released) and the connection breaks as it lists the queue; the server
+// refuses the client's next dials, so its requests fail with
+// zk.ErrNoServer for a while. The waiter is still queued (its session lives
+// on): it keeps trying and is granted the lock once the client is back,
+// well within its session timeout.
+func TestWaiterRidesOutNoServer(t *testing.T) {
+	t.Parallel()
+	srv := servers.ZooKeeper(t, 1).Servers()
+	admin := adminConn(t, srv)
+	cut := &cutter{}
+	holder := newLocker(t, srv, nil)
+	w := newLocker(t, srv, &zookeeper.Options{Dialer: cut.dial})
+	key := uniqueKey(t)
+	lh, err := holder.Acquire(t.Context(), key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := waitQueue(t, admin, key, 1)[0]
+	got := acquireAsync(t.Context(), w, key)
+	waitWatching(t, srv[0], w, parent(key)+"/"+held)
+
+	cut.armOn(opGetChildren2, true)
+	defer cut.partition(false)
+	if err := lh.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// Two refused dials: the client has failed its unsent requests with
+	// zk.ErrNoServer at least once after the waiter tried again.
+	cut.waitRefused(t, 2)
+	if cut.cutCount() != 1 {
+		t.Fatalf("the connection was not cut as the waiter listed the queue")
+	}
+	select {
+	case err := <-got:
+		t.Fatalf("queued waiter returned while the client reconnects: %v", err)
+	default:
+	}
+	cut.partition(false)
+	if err := waitResult(got, slack); err == nil || err.Error() != "granted" {
+		t.Fatalf("queued waiter after a short outage = %v, want granted", err)
+	}
+	waitNoNodes(t, admin, key)
+}
+
+// TestTryAcquireLeavesNoNode: a TryAcquire that finds the lock held has
+// deleted its own node when it returns, even over a slow link: right after
+// it, the queue holds the holder's node only, and once the holder
+// releases, the next TryAcquire gets the lock (no leftover node of an
+// earlier TryAcquire ahead of it).
+func TestTryAcquireLeavesNoNode(t *testing.T) {
+	t.Parallel()
+	srv := servers.ZooKeeper(t, 1).Servers()
+	admin := adminConn(t, srv)
+	slow := &cutter{slowDeletes: 300 * time.Millisecond}
+	holder := newLocker(t, srv, nil)
+	tryers := []*dlock.Locker{
+		newLocker(t, srv, &zookeeper.Options{Dialer: slow.dial}),
+		newLocker(t, srv, &zookeeper.Options{Dialer: slow.dial}),
+	}
+	key := uniqueKey(t)
+	for round := range 3 {
+		lh, err := holder.Acquire(t.Context(), key, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := waitQueue(t, admin, key, 1)[0]
+		for i, l := range tryers {
+			if _, err := l.TryAcquire(t.Context(), key, nil); !errors.Is(err, dlock.ErrNotAcquired) {
+				t.Fatalf("round %d, Locker %d: TryAcquire while held = %v, want ErrNotAcquired", round, i, err)
+			}
+			kids, _, err := admin.Children(parent(key))
+			if err != nil || len(kids) != 1 || kids[0] != held {
+				t.Fatalf("round %d, Locker %d: queue right after a failed TryAcquire: %v (err %v), want the holder's node %s only",
+					round, i, kids, err, held)
+			}
+		}
+		if err := lh.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		l := tryers[round%len(tryers)]
+		le, err := l.TryAcquire(t.Context(), key, nil)
+		if err != nil {
+			t.Fatalf("round %d: TryAcquire on a released key: %v", round, err)
+		}
+		if err := le.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestEnsembleStopped: on a server of its own, (1) a waiter cancelled
 // while the server is frozen returns at once, and its node is deleted once
 // the server answers; (2) with the server stopped, a queued waiter gives up
-// with ErrUnavailable a session timeout after its connection broke, and a
-// new Acquire or TryAcquire (without a deadline) fails with ErrUnavailable
-// after one reconnect cycle of the client; (3) once the server is back,
-// no node of theirs is left and the lock serves again.
+// with ErrUnavailable a session timeout plus zookeeper.CutOffMargin after
+// its connection broke (never sooner: the server rounds a session's expiry
+// up to its next tick), saying the session may have expired, and a new
+// Acquire or TryAcquire (without a deadline) fails with ErrUnavailable after
+// one reconnect cycle of the client; (3) once the server is back, no node
+// of theirs is left and the lock serves again.
 func TestEnsembleStopped(t *testing.T) {
 	t.Parallel()
 	e, err := servers.StartZooKeeper(t.Context(), 1)
@@ -203,19 +296,30 @@ func TestEnsembleStopped(t *testing.T) {
 	}
 	got = acquireAsync(t.Context(), w, key)
 	waitWatching(t, srv[0], w, parent(key)+"/"+held)
+	stopped := time.Now() // the connection breaks after this
 	if err := e.Members[0].Stop(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	// The waiter gives up a session timeout after its connection broke.
-	bound := waiterSession + 5*time.Second
+	// The waiter gives up a session timeout (and the margin) after its
+	// connection broke.
+	least := waiterSession + zookeeper.CutOffMargin
+	bound := least + 5*time.Second
 	if err := waitResult(got, bound); err == errNoReturn {
 		t.Errorf("queued Acquire without a deadline, server stopped, did not return within %v", bound)
 	} else if !errors.Is(err, dlock.ErrUnavailable) {
 		t.Errorf("queued Acquire, server stopped = %v, want ErrUnavailable", err)
 	} else {
-		t.Logf("queued Acquire: %v", err)
+		took := time.Since(stopped)
+		t.Logf("queued Acquire after %v: %v", took.Round(time.Millisecond), err)
+		if took < least {
+			t.Errorf("queued Acquire gave up %v after the server was stopped, before the session timeout and margin %v", took, least)
+		}
+		if !strings.Contains(err.Error(), "may have expired") {
+			t.Errorf("queued Acquire's error %q does not say the session may have expired", err)
+		}
 	}
-	// A new Acquire fails after one reconnect cycle of the client.
+	// A new Acquire fails at the client's next round (the connection
+	// has been down for longer than a reconnect cycle).
 	bound = reconnectCycle(len(srv)) + 5*time.Second
 	if err := waitResult(acquireAsync(t.Context(), a, key), bound); err == errNoReturn {
 		t.Errorf("Acquire without a deadline, server stopped, did not return within %v", bound)

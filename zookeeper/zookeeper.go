@@ -34,8 +34,23 @@ const (
 // so that after a connection loss during the create we can find our node.
 const protectedPrefix = "_c_"
 
-// retryPause is the pause between attempts of background clean-ups.
+// retryPause is the pause between attempts of background clean-ups, and
+// before a request cut by a connection loss is tried again.
 const retryPause = 200 * time.Millisecond
+
+// connectTimeout is go-zookeeper's timeout for dialling one server (its
+// default, which we keep); after trying every server it pauses a second.
+const connectTimeout = time.Second
+
+// cutOffMargin is added to the session timeout before a waiter without a
+// connection gives up (see [Driver.cutOff]): the server expires sessions on
+// tick boundaries, rounding the expiry up to the next tick (tickTime, 2s by
+// default), so a session can outlive its timeout by up to a tick.
+const cutOffMargin = 2 * time.Second
+
+// leaveTimeout bounds the synchronous deletion of a TryAcquire's node when
+// the lock is held; past it the node is deleted in the background.
+const leaveTimeout = time.Second
 
 // Options configure the ZooKeeper backend. The zero value (or nil) is valid.
 type Options struct {
@@ -73,13 +88,16 @@ type Driver struct {
 	log     *slog.Logger
 
 	negotiated atomic.Int64 // session timeout the server granted, in ms
+	hosts      atomic.Int64 // server addresses the client cycles through
 
 	// The connection's state, for waiters and retries: whether the
-	// session is connected, since when it is not, and a channel closed
-	// (and replaced) on every change.
+	// session is connected, since when it is not, how many servers the
+	// client has dialled since then, and a channel closed (and replaced)
+	// on every change.
 	linkMu      sync.Mutex
 	linkUp      bool
 	linkDown    time.Time
+	dials       int
 	linkChanged chan struct{}
 
 	ctx    context.Context // cancelled by Close
@@ -149,7 +167,9 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 	conn, _, err := zk.Connect(servers, o.SessionTimeout,
 		zk.WithLogger(zkLogger{o.Logger}),
 		zk.WithLogInfo(false),
+		zk.WithHostProvider(hostCounter{HostProvider: zk.NewDNSHostProvider(), d: d}),
 		zk.WithDialer(func(network, addr string, timeout time.Duration) (net.Conn, error) {
+			d.noteDial()
 			c, err := dial(network, addr, timeout)
 			if err != nil {
 				return nil, err
@@ -225,6 +245,22 @@ func (c *timeoutConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// hostCounter is go-zookeeper's host provider; it records how many
+// addresses the client cycles through (a host name may resolve to several).
+type hostCounter struct {
+	zk.HostProvider
+	d *Driver
+}
+
+// Init resolves the servers and records how many addresses they gave.
+func (h hostCounter) Init(servers []string) error {
+	err := h.HostProvider.Init(servers)
+	if err == nil {
+		h.d.hosts.Store(int64(h.HostProvider.Len()))
+	}
+	return err
+}
+
 // zkLogger sends the client library's log lines to slog.
 type zkLogger struct{ log *slog.Logger }
 
@@ -242,16 +278,52 @@ func (d *Driver) setLink(up bool) {
 	d.linkUp = up
 	if !up {
 		d.linkDown = time.Now()
+		d.dials = 0
 	}
 	close(d.linkChanged)
 	d.linkChanged = make(chan struct{})
 }
 
+// noteDial counts a dial of the client (it dials one server at a time, in
+// turn, while it has no session).
+func (d *Driver) noteDial() {
+	d.linkMu.Lock()
+	defer d.linkMu.Unlock()
+	d.dials++
+}
+
+// reconnectCycle is how long go-zookeeper takes at most to try each of n
+// servers once: a connect timeout per server, and the pause of a second it
+// makes after going through the list.
+func reconnectCycle(n int) time.Duration { return time.Duration(n)*connectTimeout + time.Second }
+
+// noServer decides what a zk.ErrNoServer (err) means. The client fails
+// the requests it has not sent with it whenever it comes round to the
+// first server of its list again, which after the loss of a connection to
+// the only server is at once, before dialling anything: on its own it does
+// not mean that no server answers. It is final (noServer returns an error)
+// only once the connection has been down for a full reconnect cycle and
+// the client has dialled every server since; until then (nil) the request
+// is tried again, like one cut by a connection loss.
+func (d *Driver) noServer(err error) error {
+	n := max(int(d.hosts.Load()), d.servers)
+	d.linkMu.Lock()
+	defer d.linkMu.Unlock()
+	off := time.Since(d.linkDown)
+	if d.linkUp || d.dials < n || off < reconnectCycle(n) {
+		return nil
+	}
+	return fmt.Errorf("no server answered for %v (each of the %d addresses tried): %w", off.Round(time.Millisecond), n, err)
+}
+
 // cutOff returns an ErrUnavailable error once the session has been without
-// a connection for longer than its timeout: the server has expired it by
-// then, unless the whole ensemble is down. Otherwise it returns the time
-// left before that (0 while connected) and a channel closed when the
-// connection's state changes.
+// a connection for longer than its timeout plus cutOffMargin: the server
+// may have expired it by then, unless the whole ensemble is down (a new
+// leader gives every session a full timeout again, so after an election
+// the session can outlive this bound; a waiter that gives up abandons its
+// node all the same). Otherwise it returns the time left before that (0
+// while connected) and a channel closed when the connection's state
+// changes.
 func (d *Driver) cutOff() (left time.Duration, changed <-chan struct{}, err error) {
 	d.linkMu.Lock()
 	defer d.linkMu.Unlock()
@@ -259,12 +331,13 @@ func (d *Driver) cutOff() (left time.Duration, changed <-chan struct{}, err erro
 		return 0, d.linkChanged, nil
 	}
 	timeout := d.SessionTimeout()
+	bound := timeout + cutOffMargin
 	off := time.Since(d.linkDown)
-	if off >= timeout {
-		return 0, nil, fmt.Errorf("%w: zookeeper: no connection to the ensemble for %v, longer than the session timeout %v "+
-			"(the session has expired, or the ensemble is down)", backend.ErrUnavailable, off.Round(time.Millisecond), timeout)
+	if off >= bound {
+		return 0, nil, fmt.Errorf("%w: zookeeper: no connection to the ensemble for %v, longer than the session timeout %v and a margin of %v "+
+			"(the session may have expired, or the ensemble is down)", backend.ErrUnavailable, off.Round(time.Millisecond), timeout, cutOffMargin)
 	}
-	return timeout - off, d.linkChanged, nil
+	return bound - off, d.linkChanged, nil
 }
 
 // SessionTimeout returns the session timeout the server granted.
@@ -335,27 +408,52 @@ func (d *Driver) do(ctx context.Context, f func() error) error {
 	}
 }
 
-// read is do for a read (idempotent) call: after a connection loss it tries
-// again, until ctx ends, while the client reconnects within the session.
-// It gives up at once when the client could reach no server
-// (zk.ErrNoServer), and after the session has been cut off for longer than
-// its timeout.
-func (d *Driver) read(ctx context.Context, f func() error) error {
+// read is do for a read (idempotent) call: after a connection loss, or a
+// request the client could not send yet, it tries again (see again).
+func (d *Driver) read(ctx context.Context, queued bool, f func() error) error {
 	for {
 		err := d.do(ctx, f)
-		if err == nil || !connLost(err) {
+		if err == nil {
+			return nil
+		}
+		if err := d.again(ctx, err, queued); err != nil {
 			return err
 		}
-		if _, _, cerr := d.cutOff(); cerr != nil {
-			return fmt.Errorf("%w (last error: %w)", cerr, err)
+	}
+}
+
+// again decides whether a call that failed with err is tried again: it
+// pauses and returns nil if so, and returns the error to report if not.
+// A call cut by a connection loss (connLost), or one the client could not
+// send (zk.ErrNoServer, see noServer), is tried again while the client
+// reconnects, until the session has been cut off for longer than its
+// timeout (cutOff), ctx ends or the driver is closed. For a waiter already
+// in the queue (queued), zk.ErrNoServer is never final: its node lives as
+// long as its session, so only cutOff ends its wait. For anyone else it is,
+// after a full reconnect cycle.
+func (d *Driver) again(ctx context.Context, err error, queued bool) error {
+	switch {
+	case errors.Is(err, zk.ErrNoServer):
+		if !queued {
+			if ferr := d.noServer(err); ferr != nil {
+				return ferr
+			}
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-d.ctx.Done():
-			return err
-		case <-time.After(retryPause):
-		}
+	case !connLost(err):
+		return err
+	}
+	if _, _, cerr := d.cutOff(); cerr != nil {
+		return fmt.Errorf("%w (last error: %w)", cerr, err)
+	}
+	t := time.NewTimer(retryPause)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-d.ctx.Done():
+		return err
+	case <-t.C:
+		return nil
 	}
 }
 
@@ -405,9 +503,9 @@ func newGUID() string {
 // create makes our lock node under parent in protection mode and returns its
 // path. If ctx ends first, the node (once created) is deleted in the
 // background. So is a node whose create may have reached the server but
-// could not be found (the connection broke and the client could reach no
-// server again): the error is returned at once, and a background task
-// deletes the node carrying our GUID once it can.
+// could not be found (the connection broke and the client reached no
+// server for a full reconnect cycle): the error is returned then, and a
+// background task deletes the node carrying our GUID once it can.
 func (d *Driver) create(ctx context.Context, parent string) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
@@ -465,22 +563,28 @@ func (d *Driver) create(ctx context.Context, parent string) (string, error) {
 // ZOOKEEPER-1262): on a connection loss during the create, the node may or
 // may not exist; we look for our GUID among the children before trying
 // again. A missing parent (a container node the server reaped) is created.
-// On error, maybe reports that a node carrying our GUID may exist (a create
-// in this session was cut by a connection loss).
+// A create the client could not send (zk.ErrNoServer) is tried again while
+// the client reconnects (see again). On error, maybe reports that a node
+// carrying our GUID may exist (a create in this session was cut by a
+// connection loss).
 func (d *Driver) createProtected(parent, guid string) (path string, maybe bool, err error) {
 	name := parent + "/" + protectedPrefix + guid + "-lock-"
-	for range 5 {
+	for rounds := 0; rounds < 5; {
 		var p string
 		p, err = d.conn.Create(name, nil, zk.FlagEphemeral|zk.FlagSequence, d.acl)
 		switch {
 		case err == nil:
 			return p, false, nil
 		case errors.Is(err, zk.ErrNoNode):
+			rounds++
 			_, cerr := d.conn.CreateContainer(parent, nil, zk.FlagContainer, d.acl)
 			if cerr != nil && !errors.Is(cerr, zk.ErrNodeExists) {
-				return "", maybe, cerr
+				if aerr := d.again(d.ctx, cerr, false); aerr != nil {
+					return "", maybe, aerr
+				}
 			}
 		case connLost(err):
+			rounds++
 			maybe = true
 			p, found, ferr := d.findAfterLoss(parent, guid)
 			if ferr != nil {
@@ -493,11 +597,14 @@ func (d *Driver) createProtected(parent, guid string) (path string, maybe bool, 
 			// commit, or the server we asked may lag behind.
 		case errors.Is(err, zk.ErrSessionExpired):
 			// A new session: the node cannot exist. Try again.
+			rounds++
 			maybe = false
 		default:
-			// zk.ErrNoServer among them: the client could reach no
-			// server, so the request was never sent.
-			return "", maybe, err
+			// zk.ErrNoServer: the request was never sent. Tried
+			// again until a full reconnect cycle has passed.
+			if aerr := d.again(d.ctx, err, false); aerr != nil {
+				return "", maybe, aerr
+			}
 		}
 	}
 	return "", maybe, err
@@ -508,9 +615,8 @@ func (d *Driver) createProtected(parent, guid string) (path string, maybe bool, 
 // as ErrConnectionClosed, but a write on a connection that just broke
 // returns the network error itself.
 //
-// zk.ErrNoServer is not one: the client has tried every server, reached
-// none, and failed the requests it had not sent. The ensemble is
-// unreachable, and callers fail at once rather than wait for it.
+// zk.ErrNoServer is not one: the request was never sent. See noServer for
+// when it means that no server answers.
 func connLost(err error) bool {
 	var ne net.Error
 	return errors.Is(err, zk.ErrConnectionClosed) ||
@@ -518,21 +624,18 @@ func connLost(err error) bool {
 }
 
 // findAfterLoss is findByGUID after a connection loss: it tries again while
-// the connection is being re-established (a few seconds at most), and gives
-// up at once if the client can reach no server.
+// the client reconnects (see again), and gives up once it has reached no
+// server for a full reconnect cycle.
 func (d *Driver) findAfterLoss(parent, guid string) (string, bool, error) {
-	for range 20 {
+	for {
 		p, found, err := d.findByGUID(parent, guid)
-		if err == nil || !connLost(err) {
-			return p, found, err
+		if err == nil {
+			return p, found, nil
 		}
-		select {
-		case <-d.ctx.Done():
-			return "", false, err
-		case <-time.After(retryPause):
+		if aerr := d.again(d.ctx, err, false); aerr != nil {
+			return "", false, aerr
 		}
 	}
-	return d.findByGUID(parent, guid)
 }
 
 // findByGUID looks for the lock node carrying guid under parent.
@@ -588,6 +691,19 @@ func (d *Driver) deleteNode(path string) {
 	}
 }
 
+// leave deletes our node at once, for a TryAcquire that found the lock
+// held, so that no node of ours is left in the queue when it returns: one
+// delete, bounded by ctx and leaveTimeout; if that does not succeed, the
+// node is deleted in the background (abandon).
+func (d *Driver) leave(ctx context.Context, node string) {
+	ctx, cancel := context.WithTimeout(ctx, leaveTimeout)
+	defer cancel()
+	err := d.do(ctx, func() error { return d.conn.Delete(node, -1) })
+	if err != nil && !errors.Is(err, zk.ErrNoNode) {
+		d.abandon(node)
+	}
+}
+
 // abandon deletes our node, for an acquire that failed or was cancelled
 // after the create, or a release whose outcome is unknown: in the
 // background, so that the caller returns at once, retrying until the node
@@ -601,9 +717,10 @@ func (d *Driver) abandon(node string) {
 // ahead of ours ("" if we are first); mine reports whether ours is there.
 // Another node carrying our GUID (a create that committed after protection
 // mode's search had missed it) is ours too: it is deleted, not waited for.
-func (d *Driver) position(ctx context.Context, parent, node string) (pred string, mine bool, err error) {
+// queued is read's.
+func (d *Driver) position(ctx context.Context, queued bool, parent, node string) (pred string, mine bool, err error) {
 	var kids []string
-	err = d.read(ctx, func() (err error) {
+	err = d.read(ctx, queued, func() (err error) {
 		kids, _, err = d.conn.Children(parent)
 		return err
 	})
@@ -635,13 +752,14 @@ func (d *Driver) position(ctx context.Context, parent, node string) (pred string
 // is still there, and sets the watch that tells the lease of its loss. The
 // lease's TTL counts from when that read was sent: the session cannot
 // expire sooner than a session timeout after the server received it.
-func (d *Driver) grant(ctx context.Context, node string, ttl time.Duration) (*lease, error) {
+// queued is read's.
+func (d *Driver) grant(ctx context.Context, queued bool, node string, ttl time.Duration) (*lease, error) {
 	var (
 		stat *zk.Stat
 		ev   <-chan zk.Event
 		sent time.Time
 	)
-	err := d.read(ctx, func() (err error) {
+	err := d.read(ctx, queued, func() (err error) {
 		sent = time.Now()
 		_, stat, ev, err = d.conn.GetW(node)
 		return err
@@ -655,14 +773,16 @@ func (d *Driver) grant(ctx context.Context, node string, ttl time.Duration) (*le
 	return d.newLease(node, uint64(stat.Czxid), ttl, sent, ev), nil
 }
 
-// TryAcquire joins the queue and, unless first, leaves it at once.
+// TryAcquire joins the queue and, unless first, leaves it at once: when the
+// lock is held, our node is deleted before TryAcquire returns (within
+// leaveTimeout; otherwise in the background).
 func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
 	parent := d.parent(key)
 	node, err := d.create(ctx, parent)
 	if err != nil {
 		return nil, d.acquireErr(ctx, err)
 	}
-	pred, mine, err := d.position(ctx, parent, node)
+	pred, mine, err := d.position(ctx, false, parent, node)
 	switch {
 	case err != nil:
 		d.abandon(node)
@@ -670,10 +790,10 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 	case !mine:
 		return nil, fmt.Errorf("%w: zookeeper: the lock node vanished (session expired?)", backend.ErrUnavailable)
 	case pred != "":
-		d.abandon(node)
+		d.leave(ctx, node)
 		return nil, &backend.HeldError{}
 	}
-	l, err := d.grant(ctx, node, ttl)
+	l, err := d.grant(ctx, false, node, ttl)
 	if err != nil {
 		d.abandon(node)
 		return nil, d.acquireErr(ctx, err)
@@ -683,9 +803,10 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 
 // Acquire joins key's queue and waits until every node ahead of ours is
 // gone, watching only its immediate predecessor. On error or cancellation
-// it returns at once, and our node is deleted in the background. A waiter
-// cut off from the ensemble for longer than the session timeout gives up
-// (see await).
+// it returns at once, and our node is deleted in the background. Once its
+// node exists, a waiter rides out connection losses and rounds of the
+// client that reach no server: only a cut-off longer than the session
+// timeout (plus cutOffMargin) ends its wait (see await and again).
 func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
 	parent := d.parent(key)
 	node, err := d.create(ctx, parent)
@@ -693,7 +814,7 @@ func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (ba
 		return nil, d.acquireErr(ctx, err)
 	}
 	for {
-		pred, mine, err := d.position(ctx, parent, node)
+		pred, mine, err := d.position(ctx, true, parent, node)
 		if err != nil {
 			d.abandon(node)
 			return nil, d.acquireErr(ctx, unavailable("listing the queue", err))
@@ -707,7 +828,7 @@ func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (ba
 		// GetW, not ExistsW: on a missing node ExistsW would leave a
 		// watch for its creation, which never comes.
 		var ev <-chan zk.Event
-		err = d.read(ctx, func() (err error) {
+		err = d.read(ctx, true, func() (err error) {
 			_, _, ev, err = d.conn.GetW(parent + "/" + pred)
 			return err
 		})
@@ -723,7 +844,7 @@ func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (ba
 			return nil, d.acquireErr(ctx, err)
 		}
 	}
-	l, err := d.grant(ctx, node, ttl)
+	l, err := d.grant(ctx, true, node, ttl)
 	if err != nil {
 		d.abandon(node)
 		return nil, d.acquireErr(ctx, err)
@@ -733,7 +854,8 @@ func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (ba
 
 // await waits for ev, the watch on a waiter's predecessor, to fire (the
 // predecessor was deleted, or the watch ended), until ctx ends or the
-// session has been cut off for longer than its timeout: a waiter that
+// session has been cut off for longer than its timeout (plus cutOffMargin,
+// see cutOff): a waiter that
 // cannot know whether its node still exists gives up with ErrUnavailable
 // instead of waiting for the ensemble forever.
 func (d *Driver) await(ctx context.Context, ev <-chan zk.Event) error {
