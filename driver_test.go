@@ -478,6 +478,7 @@ type roundingDriver struct {
 func (d *roundingDriver) Limits() backend.Limits {
 	lim := d.Driver.Limits()
 	lim.Resolution = d.res
+	lim.MinGrant = d.floor
 	return lim
 }
 
@@ -573,4 +574,76 @@ func TestMaxHoldBelowRoundedTTL(t *testing.T) {
 	if !errors.Is(err, dlock.ErrInvalidConfig) {
 		t.Errorf("MaxHold below the rounded TTL: %v, want ErrInvalidConfig", err)
 	}
+	// And one shorter than the least TTL the backend grants (its MinGrant).
+	d = &roundingDriver{Driver: memory.NewDriver(memory.NewStore()), res: 100 * time.Millisecond, floor: time.Second}
+	l = dlock.New(d, nil)
+	defer l.Close()
+	_, err = l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 300 * time.Millisecond, AutoRefresh: true, MaxHold: 500 * time.Millisecond})
+	if !errors.Is(err, dlock.ErrInvalidConfig) {
+		t.Errorf("MaxHold below the backend's MinGrant: %v, want ErrInvalidConfig", err)
+	}
+}
+
+// lossDriver is a memory driver whose leases report loss through their own
+// channel (backend.LossNotifier) and whose releases hang until their
+// context ends.
+type lossDriver struct {
+	backend.Driver
+	lost     chan struct{}
+	entered  chan struct{} // closed when a Release begins
+	released sync.Once
+}
+
+func (d *lossDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+	l, err := d.Driver.TryAcquire(ctx, key, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return &lossLease{l, d}, nil
+}
+
+type lossLease struct {
+	backend.Lease
+	d *lossDriver
+}
+
+func (l *lossLease) Lost() <-chan struct{} { return l.d.lost }
+func (l *lossLease) LostErr() error {
+	return fmt.Errorf("%w: the server dropped it", backend.ErrLeaseLost)
+}
+
+func (l *lossLease) Release(ctx context.Context) error {
+	l.d.released.Do(func() { close(l.d.entered) })
+	<-ctx.Done()
+	return fmt.Errorf("%w: %w", backend.ErrUnavailable, ctx.Err())
+}
+
+// A loss the backend reports while a Release hangs still ends the lease at
+// once: the Release does not silence the loss watcher. (Seen failing when
+// Release stopped the loss watcher with the watchdog: Err stayed nil and
+// Done open until the Release gave up.)
+func TestLossReportedDuringRelease(t *testing.T) {
+	d := &lossDriver{Driver: memory.NewDriver(memory.NewStore()), lost: make(chan struct{}), entered: make(chan struct{})}
+	l := dlock.New(d, nil)
+	defer l.Close()
+	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel() // before Close, which waits for the Release
+	released := make(chan error, 1)
+	go func() { released <- le.Release(ctx) }()
+	<-d.entered
+	close(d.lost)
+	select {
+	case <-le.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Done did not fire after the backend reported the loss during a Release")
+	}
+	if err := le.Err(); !errors.Is(err, dlock.ErrLeaseLost) {
+		t.Errorf("Err = %v, want ErrLeaseLost", err)
+	}
+	cancel()
+	<-released
 }

@@ -23,7 +23,8 @@ type Lease struct {
 	token    Token
 	bl       backend.Lease
 	askedTTL time.Duration
-	stopBG   context.CancelFunc // ends the watchdog and loss watcher; nil if there are none
+	stopLoss context.CancelFunc // ends the loss watcher; nil if there is none
+	stopWD   context.CancelFunc // ends the watchdog; nil if there is none
 
 	opMu     sync.Mutex // serializes Refresh and Release calls to bl
 	returned bool       // bl.Release succeeded or found the lock gone; under opMu
@@ -53,12 +54,16 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 	}
 	le.setDeadline(start.Add(le.ttl - l.margin(le.ttl)))
 	notifier, _ := bl.(backend.LossNotifier)
-	// The background goroutines stop when the lease ends, and at once when
-	// Close begins: a refresh in flight then gives way to Close's release.
-	bg := l.closing
-	if notifier != nil || ao.AutoRefresh {
-		// Only background goroutines need a way to be stopped.
-		bg, le.stopBG = context.WithCancel(bg)
+	// The loss watcher runs until the lease ends: a loss the backend
+	// reports while a Release or Close is under way still ends the lease.
+	// The watchdog also stops when Release or Close begins: a refresh in
+	// flight gives way to the release rather than hold it up.
+	var lossCtx, wdCtx context.Context
+	if notifier != nil {
+		lossCtx, le.stopLoss = context.WithCancel(context.Background())
+	}
+	if ao.AutoRefresh {
+		wdCtx, le.stopWD = context.WithCancel(l.closing)
 	}
 
 	// le.mu is held until the lease is set up: the goroutines can end it
@@ -73,7 +78,7 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 			l.bg.Add(1)
 			go func() {
 				defer l.bg.Done()
-				le.watchLoss(bg, notifier)
+				le.watchLoss(lossCtx, notifier)
 			}()
 		}
 		if ao.AutoRefresh {
@@ -89,7 +94,7 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 			l.bg.Add(1)
 			go func() {
 				defer l.bg.Done()
-				le.watchdog(bg, ttl, floor, maxUntil)
+				le.watchdog(wdCtx, ttl, floor, maxUntil)
 			}()
 		}
 	}
@@ -116,16 +121,17 @@ func (le *Lease) Key() string { return le.key }
 // *target and reports true when the backend supports the target's type
 // (each backend documents which; etcd supports *etcd.Ownership, for fencing
 // etcd transactions with the lock). It reports false otherwise, and for a
-// nil target.
+// nil target (or a nil pointer).
 //
 // A *backend.Lease target receives the driver's lease itself, for the
 // conformance suite and diagnostics: calls on it bypass this Lease's
 // bookkeeping (deadline, Done, the watchdog), so a program should not
 // refresh or release through it.
 func (le *Lease) As(target any) bool {
-	switch t := target.(type) {
-	case nil:
+	if isNil(target) {
 		return false
+	}
+	switch t := target.(type) {
 	case *backend.Lease:
 		*t = le.bl
 		return true
@@ -298,8 +304,8 @@ var errReleased = fmt.Errorf("%w: released", ErrNotHeld)
 // that does not answer until the lease's deadline) is cancelled rather than
 // waited for, since the lease ends here whatever the outcome.
 func (le *Lease) release(ctx context.Context, reason error) error {
-	if le.stopBG != nil {
-		le.stopBG()
+	if le.stopWD != nil {
+		le.stopWD()
 	}
 	le.opMu.Lock()
 	defer le.opMu.Unlock()
@@ -362,8 +368,11 @@ func (le *Lease) endLocked(err error) {
 		le.timer.Stop()
 		close(le.done)
 	}
-	if le.stopBG != nil {
-		le.stopBG()
+	if le.stopLoss != nil {
+		le.stopLoss()
+	}
+	if le.stopWD != nil {
+		le.stopWD()
 	}
 	le.l.mu.Lock()
 	le.l.unlink(le)

@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"reflect"
 	"sync"
 	"time"
 
@@ -220,12 +221,14 @@ func (l *Locker) Limits() Limits {
 // As lets a caller reach the backend's own types: it sets *target and
 // reports true when the backend driver supports the target's type (each
 // backend documents which), for example a *goredis.UniversalClient. It
-// reports false otherwise, and for a nil target. A *backend.Driver target
+// reports false otherwise, and for a nil target (or a nil pointer). A
+// *backend.Driver target
 // receives the driver itself (for the conformance suite and diagnostics).
 func (l *Locker) As(target any) bool {
-	switch t := target.(type) {
-	case nil:
+	if isNil(target) {
 		return false
+	}
+	switch t := target.(type) {
 	case *backend.Driver:
 		*t = l.drv
 		return true
@@ -234,6 +237,16 @@ func (l *Locker) As(target any) bool {
 		return a.As(target)
 	}
 	return false
+}
+
+// isNil reports whether an As target is nil or a nil pointer, which As
+// cannot set.
+func isNil(target any) bool {
+	if target == nil {
+		return true
+	}
+	v := reflect.ValueOf(target)
+	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
 // Acquire takes the lock on key, waiting while another holder has it, until
@@ -428,9 +441,9 @@ func (l *Locker) check(key string, ao *AcquireOptions) error {
 	if ao.AutoRefresh && ao.MaxHold < ao.TTL {
 		return fmt.Errorf("%w: MaxHold %v is shorter than the TTL %v it is to bound", ErrInvalidConfig, ao.MaxHold, ao.TTL)
 	}
-	if r := l.limits.Resolution; ao.AutoRefresh && ao.MaxHold < roundUp(ao.TTL, r) {
-		return fmt.Errorf("%w: MaxHold %v is shorter than the TTL %v it is to bound, which the backend rounds up to %v",
-			ErrInvalidConfig, ao.MaxHold, ao.TTL, roundUp(ao.TTL, r))
+	if granted := max(roundUp(ao.TTL, l.limits.Resolution), l.limits.MinGrant); ao.AutoRefresh && ao.MaxHold < granted {
+		return fmt.Errorf("%w: MaxHold %v is shorter than the TTL %v it is to bound, which the backend grants as %v",
+			ErrInvalidConfig, ao.MaxHold, ao.TTL, granted)
 	}
 	return nil
 }

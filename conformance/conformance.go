@@ -1059,6 +1059,9 @@ func (s *suite) as(t *testing.T) {
 	if l.As(&n) {
 		t.Errorf("Locker.As(**int) = true")
 	}
+	if l.As((*backend.Driver)(nil)) {
+		t.Errorf("Locker.As(nil *backend.Driver) = true")
+	}
 	var d backend.Driver
 	if !l.As(&d) || d == nil {
 		t.Errorf("Locker.As(*backend.Driver) did not give the driver")
@@ -1069,6 +1072,9 @@ func (s *suite) as(t *testing.T) {
 	}
 	if le.As(&n) {
 		t.Errorf("Lease.As(**int) = true")
+	}
+	if le.As((*backend.Lease)(nil)) {
+		t.Errorf("Lease.As(nil *backend.Lease) = true")
 	}
 	if bl := backendLease(t, le); dlock.Token(bl.Token()) != le.Token() {
 		t.Errorf("the driver's lease has token %d, the Lease %d", bl.Token(), le.Token())
