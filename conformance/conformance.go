@@ -511,25 +511,14 @@ func (s *suite) doneOnLoss(t *testing.T) {
 }
 
 func (s *suite) cancelledAcquire(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	func() {
-		a, err := s.h.NewLocker(t.Context(), nil)
-		if err != nil {
-			t.Fatalf("NewLocker: %v", err)
-		}
-		defer a.Close()
-		b, err := s.h.NewLocker(t.Context(), nil)
-		if err != nil {
-			t.Fatalf("NewLocker: %v", err)
-		}
-		defer b.Close()
+	s.leakChecked(t, func(a, b *dlock.Locker) {
 		k := key(t)
 		la := acquire(t, a, k, &dlock.AcquireOptions{TTL: time.Minute})
 
 		// Ended by a deadline while waiting.
 		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 		start := time.Now()
-		_, err = b.Acquire(ctx, k, nil)
+		_, err := b.Acquire(ctx, k, nil)
 		cancel()
 		if took := time.Since(start); took > slack {
 			t.Errorf("cancelled Acquire took %v", took)
@@ -557,10 +546,8 @@ func (s *suite) cancelledAcquire(t *testing.T) {
 		wantErr(t, "Acquire with a cancelled context", err, k, dlock.ErrNotAcquired, context.Canceled)
 
 		release(t, la)
-		if left, err := s.h.Residue(t.Context(), k); err != nil || left {
-			t.Errorf("after the holder released and the waiters gave up: residue=%v (err %v); want none", left, err)
-		}
-	}()
+		s.noResidue(t, k, "after the holder released and the waiters gave up")
+	})
 }
 
 func (s *suite) useAfterClose(t *testing.T) {
@@ -829,18 +816,7 @@ func (s *suite) waitLongerThanTTL(t *testing.T) {
 // twice the time an acquire and release take, so that some fall inside the
 // grant's round trip.
 func (s *suite) cancelRacingGrant(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	func() {
-		a, err := s.h.NewLocker(t.Context(), nil)
-		if err != nil {
-			t.Fatalf("NewLocker: %v", err)
-		}
-		defer a.Close()
-		b, err := s.h.NewLocker(t.Context(), nil)
-		if err != nil {
-			t.Fatalf("NewLocker: %v", err)
-		}
-		defer b.Close()
+	s.leakChecked(t, func(a, b *dlock.Locker) {
 		k := key(t)
 		// How long an acquire and release take here, connections made
 		// (the first one dials): the deadlines spread over twice that.
@@ -875,7 +851,23 @@ func (s *suite) cancelRacingGrant(t *testing.T) {
 		}
 		t.Logf("deadlines up to %v: %d acquires granted, %d cut short", 2*took, granted, cancelled)
 		s.noResidue(t, k, "after acquires cut short")
-	}()
+	})
+}
+
+// leakChecked runs fn with two Lockers of its own, closes them, and fails t
+// if goroutines are left over.
+func (s *suite) leakChecked(t *testing.T, fn func(a, b *dlock.Locker)) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	var ls [2]*dlock.Locker
+	for i := range ls {
+		l, err := s.h.NewLocker(t.Context(), nil)
+		if err != nil {
+			t.Fatalf("NewLocker: %v", err)
+		}
+		defer l.Close()
+		ls[i] = l
+	}
+	fn(ls[0], ls[1])
 }
 
 // register is a fenced register, as a resource that checks tokens would be:
