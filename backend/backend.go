@@ -236,7 +236,10 @@ type Waiter interface {
 	// channel (a backend may need that attempt to learn that the lock is
 	// waited for; the dlock layer always makes it). The channel receives
 	// (or is closed) when the key may be free; spurious wake-ups are
-	// allowed. stop ends the watch and must be called exactly once.
+	// allowed. A backend over several servers may miss a release on a
+	// server it cannot reach (Redlock: a node that is down); it documents
+	// when, and the dlock layer's fallback poll (Options.RetryMax) bounds
+	// the wait then. stop ends the watch and must be called exactly once.
 	Watch(ctx context.Context, key string) (wake <-chan struct{}, stop func(), err error)
 }
 
