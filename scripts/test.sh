@@ -201,7 +201,8 @@ import_standin() {
 # pays for debootstrap.
 build_debian_standin() {
 	local image=$1 packages=$2 pathdir=${3:-} fixup=${4:-}
-	local suite=${DLOCK_DEBIAN_SUITE:-${standin_suite:-$(host_codename)}}
+	local suite
+	suite=$(standin_debian_suite)
 	local name="rootfs-$suite-${packages//,/-}"
 	if [ -n "$fixup" ]; then
 		name="$name-$fixup-$(declare -f "$fixup" | sha256sum | cut -c1-8)"
@@ -235,7 +236,7 @@ build_debian_standin() {
 		rm -rf "$rootfs"
 		note "built $tarball in $((SECONDS - start))s"
 	fi
-	import_standin "$tarball" "$image" "$packages" "$pathdir"
+	import_standin "$tarball" "$image" "debian-$suite:$packages" "$pathdir"
 	note "imported stand-in image $image (Debian $suite: $packages)"
 }
 
@@ -301,20 +302,38 @@ build_etcd_standin() {
 
 standin_used=false
 
+# standin_debian_suite: the Debian release a stand-in is built from
+# (DLOCK_DEBIAN_SUITE, else the caller's standin_suite, else this host's).
+standin_debian_suite() { echo "${DLOCK_DEBIAN_SUITE:-${standin_suite:-$(host_codename)}}"; }
+
 # ensure_image IMAGE BUILD [ARG...]: make IMAGE available locally; if it is
 # neither present nor pullable, run BUILD IMAGE ARG... to build a stand-in.
+# A Debian stand-in built from another release or other packages than
+# asked now (an older script's) is built again.
 ensure_image() {
 	local image=$1
 	shift
+	local want=""
+	if [ "$1" = build_debian_standin ]; then
+		want="debian-$(standin_debian_suite):$2"
+	fi
 	if docker image inspect "$image" >/dev/null 2>&1; then
 		local what
 		what=$(docker image inspect -f "{{index .Config.Labels \"$standin_label\"}}" "$image" 2>/dev/null) || true
-		if [ -n "$what" ]; then
+		if [ -z "$what" ]; then
+			note "$image: present"
+			return
+		fi
+		if [ -z "$want" ] || [ "$what" = "$want" ]; then
 			note "$image: present (stand-in: $what)"
 			standin_used=true
-		else
-			note "$image: present"
+			return
 		fi
+		note "$image: a stand-in of $what, not $want; building it again"
+		local build=$1
+		shift
+		"$build" "$image" "$@"
+		standin_used=true
 		return
 	fi
 	note "$image: not present; trying docker pull (timeout ${DLOCK_PULL_TIMEOUT:-60}s)"
