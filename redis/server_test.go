@@ -682,3 +682,28 @@ func TestOpenForCorrectness(t *testing.T) {
 		_ = l.Close()
 	}
 }
+
+// TestTokensExactBeyond2To53: tokens stay exact and increasing once the
+// counter passes 2^53, where a Lua number (a double) can no longer tell
+// neighbouring integers apart.
+func TestTokensExactBeyond2To53(t *testing.T) {
+	t.Parallel()
+	c := serverClient(t)
+	d := newDriver(t, c, nil)
+	key := uniqueKey(t)
+	const start = 1<<53 + 2
+	if err := c.Set(t.Context(), lockKey(key)+":fence", uint64(start), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	last := uint64(start)
+	for i := range 4 {
+		tok := grant(t, d, key)
+		if tok != last+1 {
+			t.Fatalf("grant %d with the counter at %d: token %d, want %d", i, last, tok, last+1)
+		}
+		last = tok
+	}
+	if got, err := c.Get(t.Context(), lockKey(key)+":fence").Uint64(); err != nil || got != last {
+		t.Fatalf("counter = %d, %v; want %d", got, err, last)
+	}
+}

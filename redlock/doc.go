@@ -34,8 +34,9 @@
 //   - Lease.Deadline is the start of the attempt plus the TTL, less the
 //     drift margin: the validity the algorithm computes (the Locker uses
 //     this backend's DriftFactor when it is larger than its own).
-//   - The token's write-back (below) finishes before Release deletes the
-//     keys, so no later grant can be issued before the nodes know it.
+//   - Release raises each node's counter to the token in the script that
+//     deletes the lock, so no later grant there can be issued before the
+//     node knows it (see Fencing below).
 //   - Release succeeds only if the lock was still ours on a majority;
 //     otherwise the lease had been lost (ErrNotHeld), whatever a minority
 //     still held (it is deleted too).
@@ -74,19 +75,33 @@
 // the redis package), and a later majority shares at least one node with an
 // earlier one.
 // Each node issues the larger of its counter + 1 and its clock in
-// microseconds, and the token is the largest of the majority's, written back
-// to the nodes that granted it. A later holder's token can equal or go below
-// an earlier one only if no node of the later majority had recorded the
-// earlier token (the nodes the two majorities share lost their counter or
-// restored a stale one in a restart, or the write-back failed or landed
-// after the lease had ended) and the clocks of the later majority all read
-// behind it: stepped back by more than the time since the earlier grant (an
-// outage included), or behind the clock that issued it by more than the time
-// between the two grants.
+// microseconds, and the token is the largest of the majority's. Release
+// raises every node's counter to the token in the script that deletes the
+// lock; a granting node whose clock at the grant, plus the TTL less the
+// drift, does not pass the token has it written back right after the grant.
+// A later holder's token can equal or go below an earlier one only if no
+// node of the later majority had recorded the earlier token (the nodes the
+// two majorities share lost their counter or restored a stale one in a
+// restart, or the lease ended unreleased and a write-back that was due
+// failed or landed after it had ended) and the clocks of the later majority
+// all read behind it: stepped back by more than the time since the earlier
+// grant (an outage included), or behind the clock that issued it by more
+// than the time between the two grants.
 //
-// The write-back (raise.lua) runs in the background after the grant, so
-// that it does not delay the caller; Release waits for it before deleting
-// the keys, a lease that expires does not.
+// The clock assumption behind the write-back that is skipped: a node whose
+// clock at the grant (read in the acquire script), plus the TTL less the
+// drift, is past the token lets the lock key expire only once its clock
+// reads past the token, and every later grant there issues at least its
+// clock. That holds unless the node's clock steps back, or the node stalls
+// for longer than the drift between the start of the acquire script and its
+// clock reading. With clocks in step, no write-back runs: a lease costs
+// one script per node to acquire and one to release. The write-back that
+// does run (raise.lua) is in the background, so it does not delay the
+// caller; Release does not wait for it (its own script raises the
+// counters).
+//
+// Counters and tokens are compared and returned as decimal strings, not
+// Lua numbers (doubles), so tokens stay exact beyond 2^53.
 //
 // # Restarts: delay them
 //

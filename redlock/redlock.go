@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -142,21 +143,22 @@ func NewDriver(ctx context.Context, nodes []goredis.UniversalClient, opts *Optio
 		nodeTimeout: o.NodeTimeout,
 	}
 	d.newHubs()
-	d.fanout(ctx, d.nodeTimeout*4, func(ctx context.Context, c goredis.UniversalClient) (int64, error) {
+	d.fanout(ctx, d.nodeTimeout*4, func(ctx context.Context, c goredis.UniversalClient) reply {
 		for _, s := range redisscript.All {
 			if err := s.Load(ctx, c).Err(); err != nil {
-				return 0, err
+				return reply{err: err}
 			}
 		}
-		return 0, nil
+		return reply{}
 	})
 	return d, nil
 }
 
 // reply is one node's answer in a fan-out.
 type reply struct {
-	n   int64
-	err error
+	n     int64
+	clock int64 // acquire: the node's clock (µs) when it granted, 0 if unknown
+	err   error
 }
 
 // fanout runs f on every node in parallel, each bounded by timeout, and
@@ -164,7 +166,7 @@ type reply struct {
 // has passed (a node that has not answered by then counts as failed, even
 // if its client ignores context deadlines): an attempt costs the slowest
 // round trip, not their sum.
-func (d *Driver) fanout(ctx context.Context, timeout time.Duration, f func(context.Context, goredis.UniversalClient) (int64, error)) []reply {
+func (d *Driver) fanout(ctx context.Context, timeout time.Duration, f func(context.Context, goredis.UniversalClient) reply) []reply {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	type indexed struct {
@@ -174,8 +176,7 @@ func (d *Driver) fanout(ctx context.Context, timeout time.Duration, f func(conte
 	ch := make(chan indexed, len(d.nodes))
 	for i, c := range d.nodes {
 		d.bg.Go(func() { // Close waits for calls still on their way
-			n, err := f(ctx, c)
-			ch <- indexed{i, reply{n, err}}
+			ch <- indexed{i, f(ctx, c)}
 		})
 	}
 	out := make([]reply, len(d.nodes))
@@ -235,14 +236,15 @@ func (d *Driver) Guarantees() backend.Guarantees {
 		ClockDependent:    true,
 		Notes: "Mutual exclusion rests on bounded clock drift, process pauses and network delays, and on " +
 			"nodes that restart without the lock staying down for a TTL. " +
-			"Each node issues the larger of its counter + 1 and its clock in microseconds, and the token is " +
-			"the largest of the majority's, written back to the nodes that granted it. A later holder's " +
-			"token can equal or go below an earlier one only if no node of the later majority had recorded " +
-			"the earlier token (the nodes the two majorities share lost their counter or restored a stale " +
-			"one in a restart, or the write-back failed or landed after the lease had ended) and the clocks " +
-			"of the later majority all read behind it: stepped back by more than the time since the earlier " +
-			"grant (an outage included), or behind the clock that issued it by more than the time between " +
-			"the two grants. " +
+			"Each node issues the larger of its counter + 1 and its clock in microseconds, and the token is the " +
+			"largest of the majority's. Release raises every node's counter to the token in the script that " +
+			"deletes the lock; a granting node whose clock at the grant, plus the TTL less the drift, does not " +
+			"pass the token has it written back right after the grant. A later holder's token can equal or go " +
+			"below an earlier one only if no node of the later majority had recorded the earlier token (the nodes " +
+			"the two majorities share lost their counter or restored a stale one in a restart, or the lease ended " +
+			"unreleased and a write-back that was due failed or landed after it had ended) and the clocks of the " +
+			"later majority all read behind it: stepped back by more than the time since the earlier grant (an " +
+			"outage included), or behind the clock that issued it by more than the time between the two grants. " +
 			"Use etcd or ZooKeeper where correctness matters.",
 	}
 }
@@ -287,15 +289,18 @@ func newValue() string {
 // TryAcquire is one round of the Redlock algorithm: SET NX PX (with a token
 // from each node's counter, acquire.lua) on all nodes in parallel; the lock
 // is ours with a majority and validity left (TTL − elapsed − drift > 0).
-// Then the token, the largest of the majority's, is written back to the
-// nodes that granted, in the background. Otherwise the lock is released on
-// all nodes, those that seemed to fail included.
+// The token is the largest of the majority's; Release raises the nodes'
+// counters to it, and a granting node whose clock would not pass it before
+// the lock can expire there gets it written back at once, in the
+// background. Otherwise the lock is released on all nodes, those that
+// seemed to fail included.
 func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
 	ms := ttl.Milliseconds()
 	l := &lease{d: d, keys: d.keys(key), value: newValue(), ttl: time.Duration(ms) * time.Millisecond}
 	start := time.Now()
-	replies := d.fanout(ctx, d.nodeTimeoutFor(ttl), func(ctx context.Context, c goredis.UniversalClient) (int64, error) {
-		return redisscript.Acquire.Run(ctx, c, l.keys, l.value, ms).Int64()
+	replies := d.fanout(ctx, d.nodeTimeoutFor(ttl), func(ctx context.Context, c goredis.UniversalClient) reply {
+		// "clock": the grant's reply carries the node's clock too.
+		return acquireReply(redisscript.Acquire.Run(ctx, c, l.keys, l.value, ms, "clock").Result())
 	})
 	elapsed := time.Since(start)
 	var (
@@ -328,28 +333,33 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 	if granted >= d.quorum && validity > 0 {
 		l.token = uint64(token)
 		l.granted = granted
-		// Write the token back to the granting nodes whose counter is
-		// lower (none, once the counters agree). It need not delay the
-		// caller: the next grant comes only after this lease ends; by
-		// then it has landed (or failed: the documented best-effort
+		// The nodes learn the token when the lease is released: the
+		// release script raises their counters to it in the script that
+		// deletes the lock, at no extra round trip. A lease that expires
+		// unreleased needs no write-back to a node whose clock passes
+		// the token before the lock key can expire there: a later grant
+		// there issues at least that clock. The other granting nodes (a
+		// clock behind the token by about the TTL or more, or a grant of
+		// unknown clock) get the token written back now, in the
+		// background: the next grant comes only after this lease ends;
+		// by then it has landed (or failed: the documented best-effort
 		// case).
+		passes := (l.ttl - d.driftFor(l.ttl)).Microseconds()
 		behind := map[goredis.UniversalClient]bool{}
 		for i, r := range replies {
-			if r.err == nil && r.n > 0 && r.n < token {
+			if r.err == nil && r.n > 0 && r.n < token && token-r.clock >= passes {
 				behind[d.nodes[i]] = true
 			}
 		}
-		l.written = make(chan struct{})
-		if len(behind) == 0 {
-			close(l.written)
-		} else {
+		if len(behind) > 0 {
+			t := strconv.FormatInt(token, 10)
 			d.bg.Go(func() {
-				defer close(l.written)
-				d.fanout(context.WithoutCancel(ctx), cleanupTimeout, func(ctx context.Context, c goredis.UniversalClient) (int64, error) {
+				d.fanout(context.WithoutCancel(ctx), cleanupTimeout, func(ctx context.Context, c goredis.UniversalClient) reply {
 					if !behind[c] {
-						return 0, nil
+						return reply{}
 					}
-					return redisscript.Raise.Run(ctx, c, l.keys[1:], token).Int64()
+					n, err := redisscript.Raise.Run(ctx, c, l.keys[1:], t).Int64()
+					return reply{n: n, err: err}
 				})
 			})
 		}
@@ -366,6 +376,32 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 	return nil, &backend.HeldError{RetryAfter: retryAfter}
 }
 
+// acquireReply reads a node's reply to acquire.lua run with the clock
+// argument: {token, clock} (decimal strings) for a grant, a negative
+// integer when the lock is held.
+func acquireReply(v any, err error) reply {
+	if err != nil {
+		return reply{err: err}
+	}
+	switch v := v.(type) {
+	case int64:
+		if v < 0 {
+			return reply{n: v}
+		}
+	case []any:
+		if len(v) == 2 {
+			t, _ := v[0].(string)
+			c, _ := v[1].(string)
+			n, err1 := strconv.ParseInt(t, 10, 64)
+			clock, err2 := strconv.ParseInt(c, 10, 64)
+			if err1 == nil && err2 == nil && n > 0 {
+				return reply{n: n, clock: clock}
+			}
+		}
+	}
+	return reply{err: fmt.Errorf("redlock: unexpected reply from the acquire script: %v", v)}
+}
+
 // lease is a grant on a majority.
 type lease struct {
 	d       *Driver
@@ -374,7 +410,6 @@ type lease struct {
 	token   uint64
 	ttl     time.Duration
 	granted int
-	written chan struct{} // closed when the token's write-back has ended
 }
 
 func (l *lease) Token() uint64      { return l.token }
@@ -386,8 +421,9 @@ func (l *lease) TTL() time.Duration { return l.ttl }
 func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
 	ms := ttl.Milliseconds()
 	start := time.Now()
-	replies := l.d.fanout(ctx, l.d.nodeTimeoutFor(ttl), func(ctx context.Context, c goredis.UniversalClient) (int64, error) {
-		return redisscript.Refresh.Run(ctx, c, l.keys[:1], l.value, ms).Int64()
+	replies := l.d.fanout(ctx, l.d.nodeTimeoutFor(ttl), func(ctx context.Context, c goredis.UniversalClient) reply {
+		n, err := redisscript.Refresh.Run(ctx, c, l.keys[:1], l.value, ms).Int64()
+		return reply{n: n, err: err}
 	})
 	ok, notOurs, lastErr := count(replies)
 	switch {
@@ -403,19 +439,12 @@ func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 	return 0, fmt.Errorf("%w: redlock: refresh confirmed on %d of %d nodes (%d needed): %v", backend.ErrUnavailable, ok, len(l.d.nodes), l.d.quorum, lastErr)
 }
 
-// Release deletes the lock on all nodes where it is still ours, once the
-// token's write-back has ended (so that no later grant can be issued before
-// the nodes know this token). It succeeds only if the lock was ours on a
-// majority; if a majority says it was not, the lease had been lost
-// (ErrNotHeld) even where a minority still held it.
+// Release deletes the lock on all nodes where it is still ours, raising
+// each node's counter to the token in the same script (so that no later
+// grant on a node can be issued before it knows this token). It succeeds
+// only if the lock was ours on a majority; if a majority says it was not,
+// the lease had been lost (ErrNotHeld) even where a minority still held it.
 func (l *lease) Release(ctx context.Context) error {
-	if l.written != nil {
-		select {
-		case <-l.written:
-		case <-ctx.Done():
-			return fmt.Errorf("%w: redlock: waiting for the token's write-back: %w", backend.ErrUnavailable, ctx.Err())
-		}
-	}
 	replies := l.releaseAll(ctx)
 	ok, notOurs, lastErr := count(replies)
 	switch {
@@ -428,12 +457,18 @@ func (l *lease) Release(ctx context.Context) error {
 }
 
 // releaseAll runs the compare-and-delete on every node, bounded in time even
-// if ctx has ended.
+// if ctx has ended; with a token (a granted lease), the same script raises
+// the node's counter to it.
 func (l *lease) releaseAll(ctx context.Context) []reply {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	return l.d.fanout(ctx, max(l.d.nodeTimeout, 100*time.Millisecond), func(ctx context.Context, c goredis.UniversalClient) (int64, error) {
-		return redisscript.Release.Run(ctx, c, l.keys[:1], l.value).Int64()
+	keys, args := l.keys[:1], []any{l.value}
+	if l.token > 0 {
+		keys, args = l.keys, []any{l.value, strconv.FormatUint(l.token, 10)}
+	}
+	return l.d.fanout(ctx, max(l.d.nodeTimeout, 100*time.Millisecond), func(ctx context.Context, c goredis.UniversalClient) reply {
+		n, err := redisscript.Release.Run(ctx, c, keys, args...).Int64()
+		return reply{n: n, err: err}
 	})
 }
 

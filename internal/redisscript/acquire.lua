@@ -5,7 +5,14 @@
 -- ARGV[1]: the ownership value, unique per grant
 -- ARGV[2]: the TTL in whole milliseconds
 --
--- Returns the token (> 0) when the lock is ours; when it is held by someone
+-- ARGV[3]: optional; when given (any value), a grant's reply also carries
+--          the server clock (Redlock, see below)
+--
+-- Returns the token (> 0, as a decimal string: a Lua number, a double, is
+-- not exact beyond 2^53) when the lock is ours, or with ARGV[3] the pair
+-- {token, clock}: the server time in microseconds read in this run, which
+-- the lock key's expiry follows ('0' when this run is a retry, below, and
+-- the grant's clock is not known); when it is held by someone
 -- else, it marks the lock as waited for (see below) and returns -2 - PTTL, i.e. -1 for a key without expiry (PTTL -1) and -2 - ms
 -- otherwise (so 0 is never returned).
 --
@@ -30,13 +37,22 @@ if not old then
 	local t = redis.call('TIME')
 	local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
 	local c = redis.call('GET', KEYS[2])
+	local token = now
 	if c and not (tonumber(c) and tonumber(c) < tonumber(now)) then
 		-- The counter is at or ahead of the clock (or not a number, which
-		-- INCR reports): counter + 1, exact integer arithmetic.
-		return redis.call('INCR', KEYS[2])
+		-- INCR reports): counter + 1, exact integer arithmetic in Redis;
+		-- read back as a string, since INCR's reply reaches Lua as a
+		-- double. (The comparison above is exact where it matters: the
+		-- clock is below 2^53, and a counter beyond 2^53 is far above it.)
+		redis.call('INCR', KEYS[2])
+		token = redis.call('GET', KEYS[2])
+	else
+		redis.call('SET', KEYS[2], now)
 	end
-	redis.call('SET', KEYS[2], now)
-	return tonumber(now)
+	if ARGV[3] then
+		return {token, now}
+	end
+	return token
 end
 local last = string.byte(old, -1)
 if old == ARGV[1] or (last == 43 and old == ARGV[1] .. '+') then
@@ -54,7 +70,10 @@ if old == ARGV[1] or (last == 43 and old == ARGV[1] .. '+') then
 	-- it, a resent acquire + WAIT pipeline would write nothing on its new
 	-- connection, and WAIT would count the replicas at once.
 	redis.call('SET', KEYS[2], token)
-	return tonumber(token)
+	if ARGV[3] then
+		return {token, '0'}
+	end
+	return token
 end
 -- Held by someone else: mark the lock as waited for (append '+' to the
 -- holder's value, once), so that its release is published (release.lua).

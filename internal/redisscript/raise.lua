@@ -1,15 +1,30 @@
 -- raise: raise a fencing counter to at least a value (Redlock writes the
--- token of a grant back to the nodes that granted it, so that a later
--- majority, which shares a node with this one, issues a larger token).
+-- token of a grant back, right after the grant, to the nodes whose clock
+-- would not pass it before the lease can expire there; see redlock.go).
 --
 -- KEYS[1]: the fencing counter key
--- ARGV[1]: the value
+-- ARGV[1]: the value, a decimal integer without leading zeros
 --
--- Returns the counter afterwards.
-local c = tonumber(redis.call('GET', KEYS[1]) or '0')
-local v = tonumber(ARGV[1])
-if c < v then
-	redis.call('SET', KEYS[1], ARGV[1])
-	return v
+-- Returns 1 when the counter was raised, 0 when it was at or above the
+-- value (or is not a number: acquire.lua reports that). The comparison is
+-- exact (on the decimal strings): Lua numbers are doubles, which cannot
+-- tell neighbouring integers apart beyond 2^53. The same code is in
+-- release.lua.
+local function below(c, v)
+	if not c then
+		return true
+	end
+	if not string.find(c, '^[1-9]%d*$') then
+		local n = tonumber(c)
+		return n ~= nil and n < tonumber(v)
+	end
+	if #c ~= #v then
+		return #c < #v
+	end
+	return c < v
 end
-return c
+if below(redis.call('GET', KEYS[1]), ARGV[1]) then
+	redis.call('SET', KEYS[1], ARGV[1])
+	return 1
+end
+return 0

@@ -25,11 +25,12 @@ var (
 var (
 	// Acquire takes a free lock and issues a fencing token (acquire.lua).
 	Acquire = goredis.NewScript(acquireSrc)
-	// Release deletes the lock if it is ours (release.lua).
+	// Release deletes the lock if it is ours, and with a counter key raises
+	// the counter to a token first (release.lua).
 	Release = goredis.NewScript(releaseSrc)
 	// Refresh extends the lock's TTL if it is ours (refresh.lua).
 	Refresh = goredis.NewScript(refreshSrc)
-	// Raise raises a fencing counter to at least a value (raise.lua).
+	// Raise raises a fencing counter to at least a value, exactly (raise.lua).
 	Raise = goredis.NewScript(raiseSrc)
 )
 

@@ -2,7 +2,17 @@
 -- waiter has marked the lock.
 --
 -- KEYS[1]: the lock key
+-- KEYS[2]: optional (Redlock): the fencing counter key
 -- ARGV[1]: the ownership value of the grant being released
+-- ARGV[2]: with KEYS[2]: the grant's token, a decimal integer without
+--          leading zeros
+--
+-- With KEYS[2], the counter is first raised to at least the token (as
+-- raise.lua does), in the same script as the delete, whether or not the
+-- lock was still ours here: Redlock's token is the largest of a majority's,
+-- and a node that issued less learns it before its lock key can be taken
+-- again by a release, at no extra round trip. The single-Redis backend
+-- passes KEYS[1] only (its counter already holds the token).
 --
 -- Returns 1 when the lock was ours and is now deleted, 0 when it was not
 -- ours (released already, expired, or held by a newer holder): nothing was
@@ -14,6 +24,25 @@
 -- (releaseSuffix in redis.go; same hash tag as the key), which waiters
 -- subscribe to before their marking attempt. The uncontended release is
 -- thus a plain compare-and-delete.
+if KEYS[2] then
+	-- below: as in raise.lua (exact, on the decimal strings).
+	local function below(c, t)
+		if not c then
+			return true
+		end
+		if not string.find(c, '^[1-9]%d*$') then
+			local n = tonumber(c)
+			return n ~= nil and n < tonumber(t)
+		end
+		if #c ~= #t then
+			return #c < #t
+		end
+		return c < t
+	end
+	if below(redis.call('GET', KEYS[2]), ARGV[2]) then
+		redis.call('SET', KEYS[2], ARGV[2])
+	end
+end
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] then
 	redis.call('DEL', KEYS[1])

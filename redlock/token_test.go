@@ -1,0 +1,199 @@
+package redlock_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/redlock"
+)
+
+// scriptCounter is a go-redis hook that counts the scripts a client sends
+// (EVALSHA, and EVAL after a NOSCRIPT).
+type scriptCounter struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (h *scriptCounter) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (h *scriptCounter) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			h.mu.Lock()
+			h.n++
+			h.mu.Unlock()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *scriptCounter) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
+func (h *scriptCounter) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.n
+}
+
+// TestCycleTwoScriptsPerNode: with the nodes' clocks in step (one machine),
+// a grant and its release cost one script per node each: the release
+// raises the counters to the token, no separate write-back. Right after
+// Release returns, every node's counter is at least the token.
+func TestCycleTwoScriptsPerNode(t *testing.T) {
+	a := addrs(servers.Redis(t, 5))
+	admin := clients(t, a)
+	cs := clients(t, a)
+	hooks := make([]*scriptCounter, len(cs))
+	for i, c := range cs {
+		hooks[i] = new(scriptCounter)
+		c.AddHook(hooks[i])
+	}
+	d, err := redlock.NewDriver(t.Context(), cs, &redlock.Options{NodeTimeout: testNodeTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	key := uniqueKey(t)
+	fence := lockKey(key) + ":fence"
+	const cycles = 10
+	before := make([]int, len(hooks))
+	for i, h := range hooks {
+		before[i] = h.count()
+	}
+	var last uint64
+	for range cycles {
+		l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Token() <= last {
+			t.Fatalf("token %d after %d", l.Token(), last)
+		}
+		last = l.Token()
+		if err := l.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range admin {
+			if n, err := c.Get(t.Context(), fence).Uint64(); err != nil || n < l.Token() {
+				t.Fatalf("right after Release: node %d's counter = %d, %v; want at least the token %d", i, n, err, l.Token())
+			}
+		}
+	}
+	for i, h := range hooks {
+		if n := h.count() - before[i]; n != 2*cycles {
+			t.Errorf("node %d: %d scripts for %d grant+release cycles; want %d (one acquire, one release each)", i, n, cycles, 2*cycles)
+		}
+	}
+}
+
+// TestWriteBackToNodeFarBehind: a node whose clock would not pass the
+// token before the lease can expire there gets the token written back
+// right after the grant, while the lease is held; and a lease that expires
+// unreleased is followed by a larger token.
+func TestWriteBackToNodeFarBehind(t *testing.T) {
+	a := addrs(servers.Redis(t, 5))
+	admin := clients(t, a)
+	d, err := redlock.NewDriver(t.Context(), clients(t, a), &redlock.Options{NodeTimeout: testNodeTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	key := uniqueKey(t)
+	fence := lockKey(key) + ":fence"
+	// Node 0's counter is an hour ahead of every clock: the token comes
+	// from it, and the other nodes' clocks are an hour behind it.
+	ahead := uint64(time.Now().Add(time.Hour).UnixMicro())
+	if err := admin[0].Set(t.Context(), fence, ahead, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Token() != ahead+1 {
+		t.Fatalf("token %d, want %d (node 0's counter + 1)", l.Token(), ahead+1)
+	}
+	raised := func(c goredis.UniversalClient) bool {
+		n, err := c.Get(t.Context(), fence).Uint64()
+		return err == nil && n >= l.Token()
+	}
+	if !waitFor(10*time.Second, func() bool { return countNodes(admin, raised) == len(admin) }) {
+		t.Errorf("while the lease is held, %d of %d nodes' counters reached the token; want all (the write-back)", countNodes(admin, raised), len(admin))
+	}
+	_ = l.Release(t.Context())
+
+	// Expiry without release, clocks in step: the next token is larger.
+	l1, err := d.TryAcquire(t.Context(), key, 50*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l2tok uint64
+	if !waitFor(10*time.Second, func() bool {
+		l2, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+		if err != nil {
+			return false
+		}
+		l2tok = l2.Token()
+		_ = l2.Release(t.Context())
+		return true
+	}) {
+		t.Fatal("no grant after the first lease expired")
+	}
+	if l2tok <= l1.Token() {
+		t.Errorf("after an unreleased lease expired: token %d, not above %d", l2tok, l1.Token())
+	}
+}
+
+// TestTokensExactBeyond2To53: tokens stay exact and increasing once the
+// counters pass 2^53, where Lua numbers (doubles) can no longer tell
+// neighbouring integers apart.
+func TestTokensExactBeyond2To53(t *testing.T) {
+	a := addrs(servers.Redis(t, 5))
+	admin := clients(t, a)
+	d, err := redlock.NewDriver(t.Context(), clients(t, a), &redlock.Options{NodeTimeout: testNodeTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	key := uniqueKey(t)
+	fence := lockKey(key) + ":fence"
+	const start = 1<<53 + 2
+	// Node 0 one below the others: its counter must be raised exactly.
+	for i, c := range admin {
+		v := uint64(start)
+		if i == 0 {
+			v--
+		}
+		if err := c.Set(t.Context(), fence, strconv.FormatUint(v, 10), 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last := uint64(start)
+	for i := range 4 {
+		l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if l.Token() <= last {
+			t.Fatalf("grant %d with the counters at %d: token %d, want above it", i, last, l.Token())
+		}
+		last = l.Token()
+	}
+	// Every counter, node 0's included, holds the last token exactly.
+	for i, c := range admin {
+		if n, err := c.Get(t.Context(), fence).Uint64(); err != nil || n != last {
+			t.Errorf("node %d's counter = %d, %v; want %d", i, n, err, last)
+		}
+	}
+}
