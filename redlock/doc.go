@@ -48,9 +48,16 @@
 //     numbers. IP literals and localhost are compared before any I/O;
 //     other host names are resolved in New (a DNS lookup, at most 2s; a
 //     name that does not resolve then is compared as written, and later
-//     DNS changes are not seen). One server reached through two different
-//     IP addresses of its own (say 127.0.0.1 and 127.0.0.2, or a LAN
-//     address) is not detected.
+//     DNS changes are not seen; if ctx ends during the lookups, New fails
+//     with an error wrapping ErrUnavailable and ctx.Err()). One server
+//     reached through two different IP addresses of its own (say
+//     127.0.0.1 and 127.0.0.2, or a LAN address) is not detected. Only
+//     clients that dial their Addr are compared: a Sentinel failover
+//     client (its Addr is "FailoverClient") or a client with a custom
+//     Dialer (which may connect anywhere) is not checked against the
+//     others. A Unix socket path is compared after filepath.Clean only
+//     (a symlink, a relative path from another directory, or a hard link
+//     to the same socket is not recognised).
 //
 // # Waiting: woken by releases
 //

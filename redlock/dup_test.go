@@ -1,6 +1,7 @@
 package redlock_test
 
 import (
+	"context"
 	"errors"
 	"net"
 	"os"
@@ -155,4 +156,74 @@ func TestSameServerTwiceByName(t *testing.T) {
 	if n := conns.Load(); n != 0 {
 		t.Errorf("%d connections to the server before the error; want the check before any connection", n)
 	}
+}
+
+// TestDifferentServersNotRefused: clients whose Addr does not say where
+// they connect are not compared by it: Sentinel failover clients (all
+// "FailoverClient") for three masters, and clients with a custom Dialer
+// that share an Addr.
+func TestDifferentServersNotRefused(t *testing.T) {
+	t.Run("failover clients", func(t *testing.T) {
+		cs := make([]goredis.UniversalClient, 3)
+		for i := range cs {
+			c := goredis.NewFailoverClient(&goredis.FailoverOptions{
+				MasterName:            "master" + strconv.Itoa(i),
+				SentinelAddrs:         []string{"127.0.0.1:" + strconv.Itoa(1+i)}, // nothing listens
+				ContextTimeoutEnabled: true,
+				MaxRetries:            -1,
+			})
+			t.Cleanup(func() { _ = c.Close() })
+			cs[i] = c
+		}
+		d, err := redlock.NewDriver(t.Context(), cs, nil)
+		if err != nil {
+			t.Fatalf("three failover clients for three masters: %v; want them accepted", err)
+		}
+		_ = d.Close()
+	})
+	t.Run("custom dialers", func(t *testing.T) {
+		cs := make([]goredis.UniversalClient, 3)
+		for i := range cs {
+			target := "127.0.0.1:" + strconv.Itoa(1+i) // nothing listens
+			c := goredis.NewClient(&goredis.Options{
+				Addr: "redis.internal:6379", // the same for all: not where they connect
+				Dialer: func(ctx context.Context, network, _ string) (net.Conn, error) {
+					var d net.Dialer
+					return d.DialContext(ctx, network, target)
+				},
+				ContextTimeoutEnabled: true,
+				MaxRetries:            -1,
+			})
+			t.Cleanup(func() { _ = c.Close() })
+			cs[i] = c
+		}
+		d, err := redlock.NewDriver(t.Context(), cs, nil)
+		if err != nil {
+			t.Fatalf("three clients with custom dialers and one Addr: %v; want them accepted", err)
+		}
+		_ = d.Close()
+	})
+}
+
+// TestSameServerCheckCancelled: when ctx ends before the nodes' host names
+// are resolved, New fails with ErrUnavailable and ctx.Err(), instead of
+// comparing the names as written.
+func TestSameServerCheckCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	cs := make([]goredis.UniversalClient, 3)
+	for i := range cs {
+		c := goredis.NewClient(&goredis.Options{Addr: "node" + strconv.Itoa(i) + ".example.test:6379", ContextTimeoutEnabled: true, MaxRetries: -1})
+		t.Cleanup(func() { _ = c.Close() })
+		cs[i] = c
+	}
+	d, err := redlock.NewDriver(ctx, cs, nil)
+	if err == nil {
+		_ = d.Close()
+		t.Fatal("New with a cancelled ctx and host names to resolve succeeded")
+	}
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, dlock.ErrUnavailable) {
+		t.Fatalf("err = %v; want it to wrap context.Canceled and ErrUnavailable", err)
+	}
+	t.Log(err)
 }

@@ -70,7 +70,9 @@ var (
 // New checks opts and returns a Locker over the independent masters nodes
 // (an odd number, at least 3), configured by opts.Locker. The clients stay
 // the caller's: closing the Locker leaves them open. Errors wrap
-// [backend.ErrInvalidConfig].
+// [backend.ErrInvalidConfig], except when ctx ends while New resolves the
+// nodes' host names (the same-server check): that error wraps
+// [backend.ErrUnavailable] and ctx.Err().
 func New(ctx context.Context, nodes []goredis.UniversalClient, opts *Options) (*dlock.Locker, error) {
 	d, err := NewDriver(ctx, nodes, opts)
 	if err != nil {
@@ -123,7 +125,9 @@ func NewDriver(ctx context.Context, nodes []goredis.UniversalClient, opts *Optio
 			if !o.ContextTimeoutEnabled {
 				return bad("node %d: set ContextTimeoutEnabled on its client, so that the per-node timeout cuts a slow round trip", i)
 			}
-			servers = append(servers, parseServer(i, o.Network, o.Addr, o.DB))
+			if plainDialer(o) {
+				servers = append(servers, parseServer(i, o.Network, o.Addr, o.DB))
+			}
 		}
 		if j, dup := seen[c]; dup {
 			return bad("nodes %d and %d are the same client", j, i)

@@ -6,9 +6,13 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"reflect"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock/backend"
 )
@@ -25,6 +29,26 @@ type server struct {
 	ids   []string // the host:port forms it is known by: IPs, ports as numbers
 	name  string   // a host name to resolve ("" if none)
 	port  string   // the port, as a number where it is one
+}
+
+// plainDialer reports whether a client with options o connects where
+// o.Network and o.Addr say: go-redis's own dialer, not a Sentinel failover
+// client (whose Addr is "FailoverClient" and whose dialer asks the
+// Sentinels) nor a custom Dialer (which may connect anywhere). Only such
+// clients' addresses are compared.
+func plainDialer(o *goredis.Options) bool {
+	if o.Addr == "FailoverClient" {
+		return false
+	}
+	if o.Dialer == nil {
+		return true
+	}
+	// A client without a Dialer gets go-redis's own, a closure made by
+	// goredis.NewDialer: its function's name (inlined or not) is the
+	// only way to tell it from a custom one. A name not recognised counts
+	// as custom: the client is then not compared, never wrongly refused.
+	f := runtime.FuncForPC(reflect.ValueOf(o.Dialer).Pointer())
+	return f != nil && strings.HasPrefix(f.Name(), "github.com/redis/go-redis/v9.") && strings.Contains(f.Name(), "NewDialer.func")
 }
 
 // loopback is what "localhost" (and the unspecified address, which a dial
@@ -141,7 +165,10 @@ func (s *server) describe(other server) string {
 // checkServers refuses nodes that are one server under two addresses: first
 // without I/O (IP literals, localhost, port numbers), then after resolving
 // host names (a DNS lookup for names other than localhost, bounded by ctx
-// and lookupTimeout).
+// and lookupTimeout). If ctx ends before the lookups are done, it fails
+// with an error wrapping backend.ErrUnavailable and ctx.Err(): the names
+// could not be compared. (A lookup that fails, or lookupTimeout passing,
+// leaves a name compared as written.)
 func checkServers(ctx context.Context, ss []server) error {
 	if err := sameServer(ss); err != nil {
 		return err
@@ -153,12 +180,18 @@ func checkServers(ctx context.Context, ss []server) error {
 	if !lookup {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+	lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
 	defer cancel()
 	for i := range ss {
-		if ss[i].needsLookup() {
-			ss[i].resolve(ctx)
+		if ctx.Err() != nil {
+			break
 		}
+		if ss[i].needsLookup() {
+			ss[i].resolve(lctx)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w: redlock: resolving the nodes' host names to check that no server is given twice: %w", backend.ErrUnavailable, err)
 	}
 	return sameServer(ss)
 }
