@@ -100,15 +100,21 @@
 // second holder could get a token equal to or below the first's. The
 // clock under every token closes that while the clock moves forward.
 //
-// What remains: a token is equal to or below an earlier one only if the
-// counter was lost or is stale as above AND the serving server's clock
-// reads behind that earlier token: a clock stepped back by more than the
-// time since that grant (an outage or restart included), a failover to a
-// replica whose clock is behind the old primary's by more than the time
-// between the two grants, or a counter that had been set ahead of the clock
-// (by hand, or by a faster clock) and then lost. Hence
-// [backend.FencingBestEffort]: use etcd or ZooKeeper where a repeated token
-// would be a correctness problem.
+// What remains, in one statement (Guarantees().Notes and the README say the
+// same): Each token is the larger of the server's counter + 1 and its clock
+// in microseconds, written back to the counter. A token can equal or go
+// below an earlier one only if the counter was lost or came back stale (a
+// restart without persistence, or from a snapshot or an appendfsync everysec
+// file that missed the last grants; a failover to a replica that missed
+// them; an eviction; a DEL) and the serving server's clock reads behind that
+// earlier token: stepped back by more than the time since that grant (an
+// outage included), behind the old primary's clock by more than the time
+// between the two grants (a promoted replica), or behind a token that came
+// from a counter set ahead of the clock (by hand, or by a server with a
+// faster clock).
+// Tokens are exact decimal strings in the scripts, also beyond 2^53.
+// Hence [backend.FencingBestEffort]: use etcd or ZooKeeper where a
+// repeated token would be a correctness problem.
 //
 // # Replication (WAIT)
 //

@@ -370,10 +370,14 @@ func (d *Driver) Guarantees() backend.Guarantees {
 		ClockDependent:    true,
 		Notes: "A failover to a replica that missed the lock (replication is asynchronous), a restart that loses it " +
 			"(no persistence, or writes not yet on disk), a process pause longer than the TTL or a clock jump can let two " +
-			"holders overlap. Each token is the larger of the server's counter + 1 and its clock in microseconds, so a token " +
-			"can equal or go below an earlier one only if the counter was lost or is stale (restart, failover, eviction) and " +
-			"the serving server's clock reads behind that earlier token: stepped back by more than the time since that grant, " +
-			"or a promoted replica's clock behind the old primary's by more than the time between the grants.",
+			"holders overlap. Each token is the larger of the server's counter + 1 and its clock in microseconds, " +
+			"written back to the counter. A token can equal or go below an earlier one only if the counter was lost or " +
+			"came back stale (a restart without persistence, or from a snapshot or an appendfsync everysec file that " +
+			"missed the last grants; a failover to a replica that missed them; an eviction; a DEL) and the serving " +
+			"server's clock reads behind that earlier token: stepped back by more than the time since that grant (an " +
+			"outage included), behind the old primary's clock by more than the time between the two grants (a promoted " +
+			"replica), or behind a token that came from a counter set ahead of the clock (by hand, or by a server with " +
+			"a faster clock).",
 	}
 }
 
