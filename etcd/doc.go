@@ -31,9 +31,13 @@
 //     gone. A watch from a revision the server has already passed
 //     (concurrency.Mutex's, or one from the read's revision + 1 when
 //     another write lands before the watch is registered) is put in etcd's
-//     "unsynced" group, served every 100 ms; this one never is, so a waiter
-//     wakes within a round trip of the release (BenchmarkHandoffLatency:
-//     no handoff over 50ms, where ~6% were before).
+//     "unsynced" group, served every 100 ms. On etcd 3.7 this one never is;
+//     etcd 3.5 and 3.6 read the current revision just before registering
+//     a watch without a start revision, so a write in that instant still
+//     makes it unsynced, rarely (the event then comes up to 100 ms late,
+//     none is missed). So a waiter wakes within a round trip of the
+//     release (BenchmarkHandoffLatency: no handoff over 50ms, where ~6%
+//     were before).
 //   - While queued, the waiter keeps its own lease alive. When no older
 //     key is left, it checks that its own key still exists: a waiter whose
 //     lease expired while queued fails, it is never granted the lock
@@ -43,17 +47,27 @@
 //     lease may have expired. Watches require a leader
 //     (clientv3.WithRequireLeader): a member without one cancels them
 //     instead of leaving a waiter or a holder's loss watch hanging on it.
+//     A frozen member (a stopped process, a host that answers nothing but
+//     keeps its connections open) cancels nothing, so a waiter also reads
+//     its predecessor again after each answered keepalive (every third of
+//     its TTL): it goes on within about that period of the release even if
+//     its watch is dead. Each request it makes while queued is bounded by
+//     a third of its TTL (at least 1s, at most RequestTimeout) and sent
+//     again, to the next member, if it is not answered; a failed read (an
+//     election, say) is retried after a pause: Acquire then fails only
+//     when ctx ends or the keepalive gives up (above).
 //   - TryAcquire joins the queue and, if it is not first, revokes its lease
 //     at once. A cancelled or failed Acquire revokes its lease too, which
 //     deletes its waiter key.
 //   - Release deletes the key in a transaction that compares its create
 //     revision (so it never deletes a newer holder's key), then revokes the
 //     lease. Releasing a lost lease returns ErrNotHeld. If the delete fails
-//     (Release's ctx had ended already, or the cluster did not answer), the
-//     lease is revoked all the same, with a context of its own (2s, then
-//     retried in the background until the TTL has passed), which deletes
-//     the key: the lock is not left held for the rest of its TTL. Release
-//     still returns the delete's error.
+//     (Release's ctx had ended already, or the cluster did not answer
+//     within RequestTimeout), the lease is revoked all the same, with a
+//     context of its own (2s, then retried in the background until the TTL
+//     has passed), which deletes the key: the lock is not left held for the
+//     rest of its TTL. Release still returns the delete's error; it can
+//     then take RequestTimeout plus 2s.
 //
 // # Fencing token
 //
@@ -83,8 +97,10 @@
 // Each Lease watches its own key: its deletion (the lease expired, was
 // revoked, or someone deleted the key) fires Done with ErrLeaseLost, usually
 // before the local deadline. The watch ends with the report (no watcher is
-// left on the server), or at Release. Without AutoRefresh the lease simply runs out
-// at its TTL, as on every dlock backend.
+// left on the server), or at Release. A watch on a member that froze (see
+// Failures) reports nothing: Done then comes from a refresh that finds the
+// key gone, or at the local deadline. Without AutoRefresh the lease simply
+// runs out at its TTL, as on every dlock backend.
 //
 // # Failures
 //
@@ -94,12 +110,24 @@
 // request (grant, transaction, read, keepalive) is therefore bounded by
 // Options.RequestTimeout (5s by default; URL parameter request_timeout):
 // one that is not answered in time fails with ErrUnavailable, and Acquire
-// and TryAcquire report it at once (no retry). A failed Release spends up
-// to 2s more revoking the lease (see above). Waiting in the queue is not
-// bounded by it: a waiter waits for its turn until ctx ends, its lease is
-// lost, or no keepalive of its lease was answered for the lease's TTL.
-// Watches need no bound: they require a leader, so a member cut off from
-// the others cancels them.
+// and TryAcquire report it at once (no retry). A failed Release can take
+// RequestTimeout plus 2s (the delete, then the revoke; see above). Waiting
+// in the queue is not bounded by it: a waiter waits for its turn until ctx
+// ends, its lease is lost, or no keepalive of its lease was answered for
+// the lease's TTL.
+//
+// Watches require a leader, so a member cut off from the others cancels
+// them. A member that is frozen — its process stopped, or its host gone
+// silent without closing connections — cancels nothing, and a watch on it
+// stays silent: a waiter then goes on through its periodic re-read (above),
+// and a holder's Done comes from a refresh or its deadline. The client
+// sends each request to the next member in turn, so any single request
+// may go to the frozen member and wait for its timeout. gRPC keepalive
+// pings find such a member and close its connection, and the client's
+// watches move to another member: a client built from a URL pings after
+// 10s without traffic and gives up after 5s more; for a client you pass to
+// New, set clientv3.Config.DialKeepAliveTime and DialKeepAliveTimeout
+// (10s and 5s, say; gRPC allows no less than 10s).
 //
 // # Guarantees
 //

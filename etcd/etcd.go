@@ -48,7 +48,9 @@ type Options struct {
 	// this bound a call without a ctx deadline would wait until the
 	// cluster serves again. A request not answered in time fails with
 	// ErrUnavailable; ctx's deadline, if earlier, ends it first. Waiting
-	// in the queue is not bounded by it (see [Driver.Acquire]). Default
+	// in the queue is not bounded by it (see [Driver.Acquire]); the
+	// requests a waiter makes while queued are bounded by a third of its
+	// TTL (at least 1s) where that is shorter, and sent again. Default
 	// [DefaultRequestTimeout] (5s); negative is an error.
 	RequestTimeout time.Duration
 	// Locker configures the Locker that [New] returns (TTL, retries,
@@ -214,6 +216,8 @@ type waiter struct {
 	secs   int64         // asked, in seconds
 	rev    int64         // create revision of myKey
 	anchor time.Time     // when the request behind the lease's expiry was sent
+
+	renewed chan struct{} // while queued: a keepalive was answered (buffered, never closed)
 }
 
 // enqueue grants a lease and puts our key in key's queue. It reports
@@ -286,13 +290,17 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 
 // Acquire joins key's queue and waits for every waiter ahead of it to go,
 // watching only its immediate predecessor (no herd effect). The watch starts
-// at the server's current revision, so the watcher is in etcd's synced group
-// and wakes within a round trip of the delete; a delete between the read
-// that found the predecessor and the watch is caught by a second read (see
-// waitDelete). While queued, the waiter's lease is kept alive; if it is
-// lost anyway, or no keepalive was answered for its TTL (a partition, a
-// cluster without quorum), Acquire fails with ErrUnavailable. On any error
-// or cancellation the lease is revoked, which removes the waiter key.
+// at the server's current revision, so the watcher is (almost always, see
+// waitDelete) in etcd's synced group and wakes within a round trip of the
+// delete; a delete between the read that found the predecessor and the
+// watch is caught by a second read. The predecessor is also read again
+// after each answered keepalive, so a watch on a frozen member delays the
+// waiter by about a third of its TTL, not for ever. While queued, the
+// waiter's lease is kept alive; if it is lost anyway, or no keepalive was
+// answered for its TTL (a partition, a cluster without quorum), Acquire
+// fails with ErrUnavailable. A failed read (an election, say) is retried
+// until then: it does not fail Acquire by itself. On any error or cancellation the lease is revoked,
+// which removes the waiter key.
 func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
 	w, first, err := d.enqueue(ctx, key, ttl)
 	if err != nil {
@@ -309,42 +317,61 @@ func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (ba
 }
 
 // wait returns once no key older than ours is left in the queue and ours is
-// still there.
+// still there. A read that fails (an election, a member that does not
+// answer) is tried again after a pause, as a broken watch is: the wait
+// ends only when ctx does, or when the keepalive finds the lease lost or
+// unanswered for its TTL.
 func (w *waiter) wait(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	w.renewed = make(chan struct{}, 1)
 	var kaDone sync.WaitGroup
 	kaDone.Go(func() { w.keepAlive(ctx, cancel) })
 	defer kaDone.Wait() // after cancel (deferred later, run earlier)
 	defer cancel(nil)
 
-	dir := w.d.dir(w.key)
+	// Each read takes, in one transaction, the key just ahead of ours and
+	// our own key (which must still be there: a waiter whose lease expired
+	// while queued is never granted the lock).
+	ahead := clientv3.OpGet(w.d.dir(w.key), append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(w.rev-1))...)
+	own := clientv3.OpGet(w.myKey)
 	for {
-		opts := append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(w.rev-1))
-		resp, err := w.d.get(ctx, "reading the queue", dir, opts...)
+		resp, err := queued(ctx, w, "reading the queue", func(ctx context.Context) (*clientv3.TxnResponse, error) {
+			return w.d.client.Txn(ctx).Then(ahead, own).Commit()
+		})
 		if err != nil {
-			return waitErr(ctx, err)
+			// Tried again until the keepalive gives up, or ctx ends.
+			if err := pause(ctx, watchRetryPause); err != nil {
+				return waitErr(ctx, err)
+			}
+			continue
 		}
-		if len(resp.Kvs) == 0 {
-			break
+		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 0 || kvs[0].CreateRevision != w.rev {
+			return fmt.Errorf("%w: etcd: the waiter's lease expired while it was queued", backend.ErrUnavailable)
 		}
-		pred := resp.Kvs[0]
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			return nil // our turn
+		}
 		if w.d.afterQueueRead != nil {
 			w.d.afterQueueRead()
 		}
-		if err := w.waitDelete(ctx, string(pred.Key), pred.CreateRevision, resp.Header.Revision); err != nil {
+		if err := w.waitDelete(ctx, string(kvs[0].Key), kvs[0].CreateRevision, resp.Header.Revision); err != nil {
 			return waitErr(ctx, err)
 		}
 	}
-	// Our turn: check that our key (and so our lease) is still there.
-	resp, err := w.d.get(ctx, "checking the waiter's key", w.myKey)
-	if err != nil {
-		return waitErr(ctx, err)
+}
+
+// pause waits for d or until ctx ends, and then returns ctx's error.
+func pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
-	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != w.rev {
-		return fmt.Errorf("%w: etcd: the waiter's lease expired while it was queued", backend.ErrUnavailable)
-	}
-	return nil
 }
 
 // waitErr prefers the reason the wait's context was cancelled (the lease
@@ -357,59 +384,110 @@ func waitErr(ctx context.Context, err error) error {
 }
 
 // waitDelete waits for the deletion of key (created at createRev), which a
-// read at revision readRev found in the queue.
+// read at revision readRev found in the queue. It returns nil when the
+// caller should read the queue again: key was deleted, or may have been.
 //
-// The watch starts at the server's current revision, so it is always in
+// The watch starts at the server's current revision, so that it is in
 // etcd's synced group and a delete reaches it within a round trip. (A watch
 // from readRev+1 is synced only if nothing was written since the read;
 // otherwise the server has passed its start and puts it in the unsynced
-// group, whose events are sent by a loop every 100ms.) Whatever happened
+// group, whose events are sent by a loop every 100ms.) On etcd 3.7 a watch
+// without a start revision is always synced; etcd 3.5 and 3.6 read the
+// current revision just before registering the watch, so a write in that
+// instant still puts it in the unsynced group, rarely. Whatever happened
 // between the read and the watch's creation is covered by the revision in
 // the watch's created notice: if it is above readRev, something was
 // written in between, perhaps the delete, and key is read once more.
 //
 // The watch requires a leader: a member cut off from the others cancels
 // it, and the queue is read again (through a member that has a leader, or
-// the read fails).
+// after a pause). A member that is frozen (a stopped process, a host that
+// no longer answers but keeps its connections) cancels nothing, so key is
+// also read again after each answered keepalive of the waiter's lease
+// (every third of its TTL): the waiter goes on within about that period of
+// the delete even if its watch will never deliver it.
 func (w *waiter) waitDelete(ctx context.Context, key string, createRev, readRev int64) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	for wr := range w.d.client.Watch(wctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify()) {
-		if err := wr.Err(); err != nil {
-			// Compacted, or cancelled by the server (no leader, say):
-			// read the queue again, after a pause so that a watch
-			// refused at once is not retried in a tight loop.
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(watchRetryPause):
-			}
-			return nil
-		}
-		if wr.Created {
-			if wr.Header.Revision <= readRev {
-				continue // nothing was written since the read
-			}
-			resp, err := w.d.get(wctx, "reading the predecessor", key)
-			if err != nil {
-				return err
-			}
-			if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != createRev {
-				return nil // deleted before the watch began
-			}
-			continue
-		}
-		for _, ev := range wr.Events {
-			if ev.Type == clientv3.EventTypeDelete {
+	wch := w.d.client.Watch(wctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-w.renewed:
+			if gone, err := w.predGone(wctx, key, createRev); err == nil && gone {
 				return nil
 			}
+		case wr, ok := <-wch:
+			if !ok {
+				// The channel closed: ctx ended, or the client was
+				// closed.
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				return fmt.Errorf("%w: etcd: watch of %q ended", backend.ErrUnavailable, key)
+			}
+			if err := wr.Err(); err != nil {
+				// Compacted, or cancelled by the server (no leader,
+				// say): read the queue again, after a pause so that
+				// a watch refused at once is not retried in a tight
+				// loop.
+				return pause(ctx, watchRetryPause)
+			}
+			if wr.Created {
+				if wr.Header.Revision <= readRev {
+					continue // nothing was written since the read
+				}
+				gone, err := w.predGone(wctx, key, createRev)
+				if err != nil {
+					// As for a broken watch: read the queue again.
+					return pause(ctx, watchRetryPause)
+				}
+				if gone {
+					return nil // deleted before the watch began
+				}
+				continue
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					return nil
+				}
+			}
 		}
 	}
-	// The channel closed: ctx ended, or the client was closed.
-	if err := ctx.Err(); err != nil {
-		return err
+}
+
+// predGone reads key, a waiter's predecessor created at createRev, and
+// reports whether it is gone.
+func (w *waiter) predGone(ctx context.Context, key string, createRev int64) (bool, error) {
+	resp, err := queued(ctx, w, "reading the predecessor", func(ctx context.Context) (*clientv3.GetResponse, error) {
+		return w.d.client.Get(ctx, key)
+	})
+	if err != nil {
+		return false, err
 	}
-	return fmt.Errorf("%w: etcd: watch of %q ended", backend.ErrUnavailable, key)
+	return len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != createRev, nil
+}
+
+// queued makes a request of waiter w, as call does, bounded by
+// [waiter.period] rather than by the request timeout alone: the client
+// sends each request to the next member in turn, and one that went to a
+// frozen member is better given up and sent again (to another member) than
+// left to use up the lease's TTL or hold up the waiter.
+func queued[T any](ctx context.Context, w *waiter, doing string, f func(context.Context) (T, error)) (T, error) {
+	rctx, cancel := context.WithTimeout(ctx, w.period())
+	defer cancel()
+	v, err := call(rctx, w.d, doing, f)
+	if err != nil && ctx.Err() == nil && rctx.Err() != nil {
+		return v, fmt.Errorf("%w: etcd: %s: no answer within %v", backend.ErrUnavailable, doing, w.period())
+	}
+	return v, err
+}
+
+// period bounds each request made while queued: a third of the TTL, at
+// least a second, at most the request timeout.
+func (w *waiter) period() time.Duration {
+	return min(w.d.timeout, max(w.ttl/3, time.Second))
 }
 
 // keepAlive renews the waiter's lease every third of its TTL until ctx
@@ -417,7 +495,9 @@ func (w *waiter) waitDelete(ctx context.Context, key string, createRev, readRev 
 // says the lease is gone, or the TTL has passed since the last renewal the
 // cluster answered (a partition, a cluster without quorum: the lease may
 // have expired, and a grant made on it could not be trusted), it cancels
-// the wait with that as the cause.
+// the wait with that as the cause. A renewal not answered within
+// [waiter.period] is given up and sent again soon, so that one that went to
+// a frozen member does not use up the TTL.
 func (w *waiter) keepAlive(ctx context.Context, cancel context.CancelCauseFunc) {
 	interval := w.ttl / 3
 	t := time.NewTimer(interval)
@@ -436,9 +516,8 @@ func (w *waiter) keepAlive(ctx context.Context, cancel context.CancelCauseFunc) 
 			return
 		}
 		// The client retries a keepalive that gets no answer until its
-		// context ends: bound it by the request timeout and the
-		// lease's possible expiry.
-		kdeadline := sent.Add(w.d.timeout)
+		// context ends: bound it, and by the lease's possible expiry.
+		kdeadline := sent.Add(w.period())
 		if expiry.Before(kdeadline) {
 			kdeadline = expiry
 		}
@@ -448,6 +527,10 @@ func (w *waiter) keepAlive(ctx context.Context, cancel context.CancelCauseFunc) 
 		switch {
 		case err == nil && resp.TTL > 0:
 			w.anchor = sent // read by wait's caller only after this goroutine ended
+			select {
+			case w.renewed <- struct{}{}:
+			default:
+			}
 			t.Reset(interval)
 		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
 			cancel(fmt.Errorf("%w: etcd: the waiter's lease expired while it was queued", backend.ErrUnavailable))

@@ -37,6 +37,11 @@ func TestParseURL(t *testing.T) {
 		if o.Prefix != tc.prefix || cfg.Username != tc.user {
 			t.Errorf("%s: prefix %q user %q, want %q %q", tc.url, o.Prefix, cfg.Username, tc.prefix, tc.user)
 		}
+		// gRPC keepalive pings: a watch on a member that froze moves to
+		// another member instead of staying silent.
+		if cfg.DialKeepAliveTime <= 0 || cfg.DialKeepAliveTimeout <= 0 {
+			t.Errorf("%s: DialKeepAliveTime %v, DialKeepAliveTimeout %v; want both set", tc.url, cfg.DialKeepAliveTime, cfg.DialKeepAliveTimeout)
+		}
 	}
 	if u, _ := url.Parse("etcd://h1?request_timeout=3s"); true {
 		if _, o, err := etcd.ParseURL(u); err != nil || o.RequestTimeout != 3*time.Second {

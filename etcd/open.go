@@ -29,6 +29,16 @@ func init() {
 // URL.
 const defaultDialTimeout = 5 * time.Second
 
+// A client built from a URL pings each member it has a stream to after
+// dialKeepAliveTime without traffic (gRPC's least allowed interval), and
+// drops the connection when the ping is not answered within
+// dialKeepAliveTimeout: watches on a frozen member then move to another
+// member instead of staying silent.
+const (
+	dialKeepAliveTime    = 10 * time.Second
+	dialKeepAliveTimeout = 5 * time.Second
+)
+
 // open is the dlock.Opener of the schemes etcd and etcds:
 //
 //	etcd://[user:password@]host1:2379,host2:2379[/prefix]?ttl=15s
@@ -71,7 +81,11 @@ func parseURL(u *url.URL) (*clientv3.Config, *Options, error) {
 	if u.Host == "" {
 		return nil, nil, bad("no endpoints in %s (want etcd://host:2379,host2:2379/prefix)", u.Redacted())
 	}
-	cfg := &clientv3.Config{DialTimeout: defaultDialTimeout}
+	cfg := &clientv3.Config{
+		DialTimeout:          defaultDialTimeout,
+		DialKeepAliveTime:    dialKeepAliveTime,
+		DialKeepAliveTimeout: dialKeepAliveTimeout,
+	}
 	for _, h := range strings.Split(u.Host, ",") {
 		if h == "" || strings.HasPrefix(h, ":") {
 			return nil, nil, bad("empty host in endpoint list %q", u.Host)

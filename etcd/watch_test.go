@@ -119,17 +119,18 @@ func TestWaiterPartitioned(t *testing.T) {
 	lead := leader(t, c, admin)
 	x := (lead + 1) % len(c.Members)
 	waiter := newLocker(t, []string{c.Members[x].Addr()}, nil)
-	const ttl = 3 * time.Second
+	// The server's floor (1.5 × its 1s election timeout, rounded up).
+	const ttl = 2 * time.Second
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	res := make(chan error, 1)
+	type result struct {
+		le  *dlock.Lease
+		err error
+	}
+	res := make(chan result, 1)
 	go func() {
 		lb, err := waiter.Acquire(ctx, key, &dlock.AcquireOptions{TTL: ttl})
-		if err == nil {
-			t.Errorf("the partitioned waiter was granted the lock (token %d)", lb.Token())
-			_ = lb.Release(context.WithoutCancel(ctx))
-		}
-		res <- err
+		res <- result{lb, err}
 	}()
 	for end := time.Now().Add(slack); ; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(end) {
@@ -159,17 +160,26 @@ func TestWaiterPartitioned(t *testing.T) {
 			paused = append(paused, i)
 		}
 	}
+	// The waiter fails once its TTL has passed since its last answered
+	// keepalive (sent at most TTL/3 before the partition), and then spends
+	// up to 2s trying to revoke its lease.
 	start := time.Now()
-	bound := ttl + 6*time.Second
+	bound := ttl + 5*time.Second
 	select {
-	case err := <-res:
-		t.Logf("the partitioned waiter failed after %v: %v", time.Since(start).Round(time.Millisecond), err)
-		if !errors.Is(err, dlock.ErrUnavailable) && !errors.Is(err, dlock.ErrLeaseLost) {
-			t.Errorf("Acquire of the partitioned waiter = %v, want ErrUnavailable or ErrLeaseLost", err)
+	case r := <-res:
+		t.Logf("the partitioned waiter returned after %v: %v", time.Since(start).Round(time.Millisecond), r.err)
+		if r.err == nil {
+			_ = r.le.Release(context.WithoutCancel(ctx))
+			t.Fatalf("the partitioned waiter was granted the lock (token %d)", r.le.Token())
+		}
+		if !errors.Is(r.err, dlock.ErrUnavailable) && !errors.Is(r.err, dlock.ErrLeaseLost) {
+			t.Errorf("Acquire of the partitioned waiter = %v, want ErrUnavailable or ErrLeaseLost", r.err)
 		}
 	case <-time.After(bound):
 		cancel()
-		<-res
+		if r := <-res; r.err == nil {
+			_ = r.le.Release(context.WithoutCancel(ctx))
+		}
 		t.Fatalf("the partitioned waiter was still queued %v after the partition (TTL %v)", bound, ttl)
 	}
 	if err := la.Err(); err != nil {
@@ -333,4 +343,215 @@ func TestWaiterWatchStartsNow(t *testing.T) {
 			t.Fatal("the waiter was not woken by the predecessor's delete")
 		}
 	})
+}
+
+// TestWaiterWatchOnFrozenMember: the member that holds a waiter's
+// predecessor watch freezes (its process is paused: its connections stay
+// open, it answers nothing, it cancels nothing), and the predecessor is
+// deleted through the other members. The waiter must still be granted,
+// within about a keepalive period (a third of its TTL) of the delete: it
+// reads its predecessor again after each answered keepalive. The waiter's
+// client is one a caller would pass in (no gRPC keepalive pings), so only
+// that re-read can wake it.
+func TestWaiterWatchOnFrozenMember(t *testing.T) {
+	t.Parallel()
+	c := faultCluster(t)
+	eps := c.Endpoints()
+	admin := newClient(t, eps)
+	key := uniqueKey(t)
+	g, err := admin.Grant(t.Context(), 120)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pred := dir(key) + "0"
+	if _, err := admin.Put(t.Context(), pred, "", clientv3.WithLease(g.ID)); err != nil {
+		t.Fatal(err)
+	}
+	base := make([]int, len(c.Members))
+	for i, m := range c.Members {
+		if base[i], err = watchers(t.Context(), m.Addr()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := newLocker(t, eps, nil)
+	const ttl = 6 * time.Second
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	type result struct {
+		le  *dlock.Lease
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		le, err := w.Acquire(ctx, key, &dlock.AcquireOptions{TTL: ttl})
+		res <- result{le, err}
+	}()
+	on := -1
+	for end := time.Now().Add(slack); on < 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the waiter's watch was not found on any member")
+		}
+		for i, m := range c.Members {
+			if n, err := watchers(t.Context(), m.Addr()); err == nil && n > base[i] {
+				on = i
+			}
+		}
+	}
+	if err := c.Members[on].Pause(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := c.Members[on].Unpause(context.WithoutCancel(t.Context())); err != nil {
+			t.Errorf("unpausing member %d: %v", on, err)
+		}
+	}()
+	var others []string
+	for i, m := range c.Members {
+		if i != on {
+			others = append(others, m.Addr())
+		}
+	}
+	live := newClient(t, others)
+	for end := time.Now().Add(slack); ; time.Sleep(100 * time.Millisecond) {
+		dctx, dcancel := context.WithTimeout(t.Context(), 2*time.Second)
+		_, err := live.Delete(dctx, pred)
+		dcancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("deleting the predecessor through the live members: %v", err)
+		}
+	}
+	start := time.Now()
+	bound := ttl + 5*time.Second
+	select {
+	case r := <-res:
+		t.Logf("the waiter returned %v after its predecessor's delete (its watch on frozen member %d): %v",
+			time.Since(start).Round(time.Millisecond), on, r.err)
+		if r.err != nil {
+			t.Fatalf("the waiter's Acquire = %v, want the lock", r.err)
+		}
+		// Released through the live members, or left to its TTL.
+		_ = r.le.Release(t.Context())
+	case <-time.After(bound):
+		cancel()
+		if r := <-res; r.err == nil {
+			_ = r.le.Release(t.Context())
+		}
+		t.Fatalf("the waiter was still queued %v after its predecessor was deleted (TTL %v; its watch on frozen member %d)", bound, ttl, on)
+	}
+}
+
+// TestWaiterRidesOutQuorumLoss: right after a waiter has found its
+// predecessor (and an unrelated write has landed, so that it reads the
+// predecessor once more when its watch is created), its member loses the
+// quorum for a few seconds: the other two members are paused. Reads made
+// with a leader required fail at once there, and the waiter's watch is
+// cancelled. Neither is a reason to give up while its lease (TTL 30s) may
+// still live: the waiter stays queued and is granted once the quorum is
+// back and its predecessor goes.
+func TestWaiterRidesOutQuorumLoss(t *testing.T) {
+	t.Parallel()
+	c := faultCluster(t)
+	eps := c.Endpoints()
+	admin := newClient(t, eps)
+	key := uniqueKey(t)
+	g, err := admin.Grant(t.Context(), 120)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pred := dir(key) + "0"
+	if _, err := admin.Put(t.Context(), pred, "", clientv3.WithLease(g.ID)); err != nil {
+		t.Fatal(err)
+	}
+	// The waiter talks to one member only; the hook pauses the others.
+	const x = 0
+	var paused []int
+	defer func() {
+		for _, i := range paused {
+			if err := c.Members[i].Unpause(context.WithoutCancel(t.Context())); err != nil {
+				t.Errorf("unpausing member %d: %v", i, err)
+			}
+		}
+	}()
+	hookErr := make(chan error, 1)
+	cli := newClient(t, []string{c.Members[x].Addr()})
+	d, err := etcd.NewDriver(t.Context(), cli, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once bool
+	etcd.AfterQueueRead(d, func() {
+		if once {
+			return
+		}
+		once = true
+		_, err := admin.Put(t.Context(), key+".unrelated", "")
+		for i := range c.Members {
+			if i != x && err == nil {
+				if err = c.Members[i].Pause(t.Context()); err == nil {
+					paused = append(paused, i)
+				}
+			}
+		}
+		hookErr <- err
+	})
+	w := dlock.New(d, nil)
+	t.Cleanup(func() { _ = w.Close() })
+
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	res := make(chan error, 1)
+	go func() {
+		le, err := w.Acquire(ctx, key, &dlock.AcquireOptions{TTL: 30 * time.Second})
+		if err == nil {
+			err = le.Release(context.WithoutCancel(ctx))
+		}
+		res <- err
+	}()
+	select {
+	case err := <-hookErr:
+		if err != nil {
+			t.Fatalf("pausing the other members: %v", err)
+		}
+	case err := <-res:
+		t.Fatalf("the waiter's Acquire returned before it found its predecessor: %v", err)
+	case <-time.After(slack):
+		t.Fatal("the waiter did not read its queue")
+	}
+	// The waiter's member loses its leader within an election timeout
+	// (1s); every read and watch there fails meanwhile.
+	select {
+	case err := <-res:
+		t.Fatalf("the waiter's Acquire returned while its member had no quorum: %v", err)
+	case <-time.After(5 * time.Second):
+	}
+	for _, i := range paused {
+		if err := c.Members[i].Unpause(t.Context()); err != nil {
+			t.Fatalf("unpausing member %d: %v", i, err)
+		}
+	}
+	paused = nil
+	for end := time.Now().Add(slack); ; time.Sleep(100 * time.Millisecond) {
+		dctx, dcancel := context.WithTimeout(t.Context(), 2*time.Second)
+		_, err := admin.Delete(dctx, pred)
+		dcancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("deleting the predecessor after the quorum came back: %v", err)
+		}
+	}
+	select {
+	case err := <-res:
+		if err != nil {
+			t.Fatalf("the waiter's Acquire = %v, want the lock once the quorum is back", err)
+		}
+	case <-time.After(slack):
+		cancel()
+		<-res
+		t.Fatal("the waiter was not granted after the quorum came back and its predecessor was deleted")
+	}
 }
