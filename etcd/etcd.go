@@ -77,10 +77,13 @@ type Driver struct {
 }
 
 // New checks opts, asks the cluster for its member list (to report how
-// many failures it tolerates), and returns a Locker over client configured
-// by opts.Locker. It does not take ownership of client: closing the Locker
-// leaves the client open. Errors wrap [backend.ErrInvalidConfig] (before any
-// I/O) or [backend.ErrUnavailable].
+// many failures it tolerates) and for a probe lease (to learn the least TTL
+// it grants), and returns a Locker over client configured by opts.Locker.
+// Each of these requests is bounded by opts.RequestTimeout; a probe lease
+// that cannot be revoked is left to run out (seconds). It does not take
+// ownership of client: closing the Locker leaves the client open. Errors
+// wrap [backend.ErrInvalidConfig] (before any I/O) or
+// [backend.ErrUnavailable].
 func New(ctx context.Context, client *clientv3.Client, opts *Options) (*dlock.Locker, error) {
 	d, err := NewDriver(ctx, client, opts)
 	if err != nil {
@@ -123,14 +126,18 @@ func NewDriver(ctx context.Context, client *clientv3.Client, opts *Options) (*Dr
 	// The server raises a TTL below its floor (about 1.5 × its election
 	// timeout). Learn it with a 1s grant, so that the Locker keeps an
 	// auto-refreshed lease within MaxHold (Limits.MinGrant).
-	g, err := client.Grant(ctx, 1)
+	g, err := call(ctx, d, "granting a probe lease", func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
+		return client.Grant(ctx, 1)
+	})
 	if err != nil {
-		return nil, unavailable("granting a probe lease", err)
+		return nil, err
 	}
 	d.minGrant = time.Duration(g.TTL) * time.Second
-	if _, err := client.Revoke(ctx, g.ID); err != nil {
-		return nil, unavailable("revoking the probe lease", err)
-	}
+	// A failed revoke is harmless: the probe lease has no key and runs
+	// out by itself within seconds.
+	_, _ = call(ctx, d, "revoking the probe lease", func(ctx context.Context) (*clientv3.LeaseRevokeResponse, error) {
+		return client.Revoke(ctx, g.ID)
+	})
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	return d, nil
 }

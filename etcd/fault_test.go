@@ -420,3 +420,52 @@ func TestWaiterLeaseLostWhileQueued(t *testing.T) {
 		t.Fatal("the waiter whose lease was revoked did not return")
 	}
 }
+
+// TestNewWithFrozenMember: with one member of three frozen (its process
+// paused: connections stay open, nothing is answered), NewDriver on a
+// client that is already connected to all three succeeds or fails within
+// its request timeout for each request — the member list, the probe
+// lease's grant and its revoke — never waiting for ctx's deadline. A
+// probe lease that could not be revoked does not fail it.
+func TestNewWithFrozenMember(t *testing.T) {
+	t.Parallel()
+	c := faultCluster(t)
+	cli := newClient(t, c.Endpoints())
+	for range 9 { // connections to every member
+		if _, err := cli.Get(t.Context(), "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Members[1].Pause(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := c.Members[1].Unpause(context.WithoutCancel(t.Context())); err != nil {
+			t.Errorf("unpausing member 1: %v", err)
+		}
+	}()
+	const timeout = 2 * time.Second
+	// Three requests, each within the timeout; ctx's deadline is far.
+	bound := 3*timeout + slack
+	var ok int
+	for i := range 6 {
+		ctx, cancel := context.WithTimeout(t.Context(), bound+20*time.Second)
+		start := time.Now()
+		d, err := etcd.NewDriver(ctx, cli, &etcd.Options{RequestTimeout: timeout})
+		took := time.Since(start)
+		cancel()
+		t.Logf("NewDriver #%d: %v after %v", i, err, took.Round(time.Millisecond))
+		if took > bound {
+			t.Fatalf("NewDriver #%d took %v with one member frozen (RequestTimeout %v): want at most %v", i, took, timeout, bound)
+		}
+		if err != nil {
+			if !errors.Is(err, dlock.ErrUnavailable) {
+				t.Errorf("NewDriver #%d = %v, want success or ErrUnavailable", i, err)
+			}
+			continue
+		}
+		ok++
+		_ = d.Close()
+	}
+	t.Logf("%d of 6 succeeded", ok)
+}
