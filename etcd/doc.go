@@ -60,8 +60,8 @@
 //     at once. A cancelled or failed Acquire revokes its lease too, which
 //     deletes its waiter key.
 //   - Release deletes the key in a transaction that compares its create
-//     revision (so it never deletes a newer holder's key), then revokes the
-//     lease. Releasing a lost lease returns ErrNotHeld. If the delete fails
+//     revision only (so it never deletes a newer holder's key, and finds
+//     the key whichever lease it is on), then revokes the lease. Releasing a lost lease returns ErrNotHeld. If the delete fails
 //     (Release's ctx had ended already, or the cluster did not answer
 //     within RequestTimeout), the lease is revoked all the same, with a
 //     context of its own (2s, then retried in the background until the TTL
@@ -92,7 +92,10 @@
 // etcd cannot change a lease's TTL, so Refresh with another TTL grants a new
 // lease and moves the key onto it (a transaction that checks the key is
 // still ours; the create revision, and so the token, stays), then revokes
-// the old one. Both confirm the key is still ours.
+// the old one. Both confirm the key is still ours. If the move's answer is
+// lost, Refresh reads the key to learn which lease it is on and revokes the
+// other; if that read fails too, Refresh returns the error, and the new
+// lease is remembered: Release revokes both.
 //
 // Each Lease watches its own key: its deletion (the lease expired, was
 // revoked, or someone deleted the key) fires Done with ErrLeaseLost, usually

@@ -73,7 +73,8 @@ type Driver struct {
 	once   sync.Once
 	bg     bg.Group // loss watchers and revoke retries; Close waits for them
 
-	afterQueueRead func() // tests: called between a waiter's queue read and its watch
+	afterQueueRead func()            // tests: called between a waiter's queue read and its watch
+	afterMove      func(error) error // tests: sees, and may replace, the outcome of Refresh's move transaction
 }
 
 // New checks opts, asks the cluster for its member list (to report how

@@ -3,6 +3,7 @@ package etcd_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"testing"
 	"time"
@@ -296,4 +297,127 @@ func TestNegativeRequestTimeout(t *testing.T) {
 	if _, err := etcd.NewDriver(ctx, c, &etcd.Options{RequestTimeout: -time.Second}); !errors.Is(err, dlock.ErrInvalidConfig) {
 		t.Errorf("NewDriver with RequestTimeout -1s = %v, want ErrInvalidConfig", err)
 	}
+}
+
+// TestReleaseAfterUnsettledMove: Refresh to another TTL moves the key onto
+// a new lease. If the move committed but its answer was lost, and the read
+// that should settle which lease the key is on failed too, the Lease still
+// names the old etcd lease while the key sits on the new one.
+//
+//   - moved-by-another: the key is moved (as that lost move would leave
+//     it) behind the Lease's back. Release must still delete it (it
+//     compares the create revision, which identifies the grant, not the
+//     lease) and report success.
+//   - lost-answer: the real Refresh, with its move's answer replaced by an
+//     error and the server paused so that the settling read fails. A
+//     Release whose ctx has ended (its delete cannot be sent) must still
+//     free the lock at once, by revoking the unsettled new lease too, not
+//     leave it held for the new lease's TTL.
+func TestReleaseAfterUnsettledMove(t *testing.T) {
+	t.Parallel()
+	t.Run("moved-by-another", func(t *testing.T) {
+		t.Parallel()
+		eps := servers.Etcd(t, 1).Endpoints()
+		admin := newClient(t, eps)
+		l := newLocker(t, eps, nil)
+		le, err := l.Acquire(t.Context(), uniqueKey(t), &dlock.AcquireOptions{TTL: 30 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		own, _ := etcd.OwnerOf(le)
+		g, err := admin.Grant(t.Context(), 60)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, err := admin.Txn(t.Context()).If(own.Cmp()).Then(clientv3.OpPut(own.Key, "", clientv3.WithLease(g.ID))).Commit()
+		if err != nil || !tr.Succeeded {
+			t.Fatalf("moving the key to lease %x: %v, succeeded %v", g.ID, err, tr != nil && tr.Succeeded)
+		}
+		if err := le.Release(t.Context()); err != nil {
+			t.Errorf("Release of a lease whose key moved to another etcd lease = %v, want nil", err)
+		}
+		resp, err := admin.Get(t.Context(), own.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) != 0 {
+			t.Errorf("after Release the key is still there on lease %x: the lock stays held for that lease's TTL", resp.Kvs[0].Lease)
+		}
+	})
+	t.Run("lost-answer", func(t *testing.T) {
+		t.Parallel()
+		// A member of the test's own, to pause.
+		c, err := servers.StartEtcd(t.Context(), 1)
+		if err != nil {
+			t.Fatalf("starting etcd: %v", err)
+		}
+		t.Cleanup(func() { _ = c.Terminate(context.WithoutCancel(t.Context())) })
+		m := c.Members[0]
+		admin := newClient(t, c.Endpoints())
+		d, err := etcd.NewDriver(t.Context(), newClient(t, c.Endpoints()), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		paused := false
+		defer func() {
+			if paused {
+				_ = m.Unpause(context.WithoutCancel(t.Context()))
+			}
+		}()
+		etcd.AfterMove(d, func(err error) error {
+			if err != nil || paused {
+				return err
+			}
+			if perr := m.Pause(t.Context()); perr != nil {
+				return fmt.Errorf("test: pausing the member: %w", perr)
+			}
+			paused = true
+			return errors.New("test: the answer to the move was lost")
+		})
+		l := dlock.New(d, nil)
+		t.Cleanup(func() { _ = l.Close() })
+		le, err := l.Acquire(t.Context(), uniqueKey(t), &dlock.AcquireOptions{TTL: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		own, _ := etcd.OwnerOf(le)
+		const newTTL = 60 * time.Second
+		err = le.Refresh(t.Context(), newTTL)
+		t.Logf("Refresh with the move's answer lost: %v", err)
+		if !paused {
+			t.Fatalf("the move was not made (Refresh: %v)", err)
+		}
+		if err == nil || errors.Is(err, dlock.ErrNotHeld) {
+			t.Fatalf("Refresh = %v, want an error of unknown outcome", err)
+		}
+		if err := m.Unpause(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		paused = false
+		resp, err := admin.Get(t.Context(), own.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) != 1 || clientv3.LeaseID(resp.Kvs[0].Lease) == own.Lease {
+			t.Fatalf("the key is not on a new lease after the lost move: %v", resp.Kvs)
+		}
+		t.Logf("the key is on lease %x; the Lease names %x", resp.Kvs[0].Lease, own.Lease)
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		t.Logf("Release with an ended ctx: %v", le.Release(ctx))
+		// Far below the new lease's TTL: the lock must have been freed.
+		for end := time.Now().Add(slack); ; time.Sleep(100 * time.Millisecond) {
+			resp, err := admin.Get(t.Context(), own.Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(resp.Kvs) == 0 {
+				break
+			}
+			if time.Now().After(end) {
+				t.Fatalf("%v after Release the key is still there on lease %x (TTL %v): the unsettled lease was not revoked",
+					slack, resp.Kvs[0].Lease, newTTL)
+			}
+		}
+	})
 }

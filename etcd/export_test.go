@@ -14,3 +14,8 @@ var ParseURL = parseURL
 // AfterQueueRead makes d call f each time a waiter has read its queue and
 // found a predecessor, before it starts watching it.
 func AfterQueueRead(d *Driver, f func()) { d.afterQueueRead = f }
+
+// AfterMove makes d pass the outcome of each move transaction of Refresh
+// (to a new lease) through f, which may replace it: an error in place of a
+// success is an answer lost after the move committed.
+func AfterMove(d *Driver, f func(error) error) { d.afterMove = f }

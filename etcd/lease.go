@@ -51,7 +51,10 @@ func OwnerOf(le *dlock.Lease) (o Ownership, ok bool) {
 type lease struct {
 	w *waiter
 
-	leaseMu sync.Mutex // guards w.id and w.ttl, changed by Refresh to a new TTL
+	leaseMu sync.Mutex // guards w.id, w.ttl and unsettled, changed by Refresh to a new TTL
+	// unsettled are the new leases of moves whose outcome settleMove could
+	// not learn: our key may be on one of them. Release revokes them too.
+	unsettled []*waiter
 
 	releasing atomic.Bool // our own Release deletes the key: not a loss
 	lost      chan struct{}
@@ -147,11 +150,14 @@ func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 	}
 	nw := &waiter{d: d, id: g.ID}
 	tr, err := d.txn(ctx, "moving the lock key to a new lease", l.owned(), clientv3.OpPut(l.w.myKey, "", clientv3.WithLease(g.ID)))
+	if d.afterMove != nil {
+		err = d.afterMove(err)
+	}
 	if err != nil {
 		// The move may have happened. Find out which lease the key is
 		// on before revoking either (revoking the wrong one would
 		// delete our own lock).
-		l.settleMove(ctx, id, g.ID)
+		l.settleMove(ctx, id, g.ID, time.Duration(g.TTL)*time.Second)
 		return 0, err
 	}
 	if !tr.Succeeded {
@@ -178,16 +184,18 @@ func (l *lease) adopt(id clientv3.LeaseID, secs int64, ttl time.Duration) {
 	l.w.id, l.w.secs, l.w.ttl = id, secs, ttl
 }
 
-// settleMove resolves a move of our key from lease old to lease nw whose
-// outcome is unknown: it reads the key and keeps whichever lease it is on,
-// revoking the other. If the read fails too, both leases are left to run
-// out; owned() then fails if the key is on nw, so no later Refresh
-// reports a lease it does not keep alive.
-func (l *lease) settleMove(ctx context.Context, old, nw clientv3.LeaseID) {
+// settleMove resolves a move of our key from lease old to lease nw (granted
+// with ttl) whose outcome is unknown: it reads the key and keeps whichever lease it is on,
+// revoking the other. If it cannot tell, both leases are left to run out
+// and nw is remembered as unsettled, for Release to revoke too; owned()
+// then fails if the key is on nw, so no later Refresh reports a lease it
+// does not keep alive.
+func (l *lease) settleMove(ctx context.Context, old, nw clientv3.LeaseID, ttl time.Duration) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	resp, err := l.w.d.client.Get(rctx, l.w.myKey)
 	if err != nil {
+		l.setUnsettled(nw, ttl)
 		return
 	}
 	if len(resp.Kvs) == 1 && resp.Kvs[0].CreateRevision == l.w.rev && clientv3.LeaseID(resp.Kvs[0].Lease) == nw {
@@ -195,27 +203,50 @@ func (l *lease) settleMove(ctx context.Context, old, nw clientv3.LeaseID) {
 		if err == nil && g.TTL > 0 {
 			l.adopt(nw, g.GrantedTTL, time.Duration(g.GrantedTTL)*time.Second)
 			(&waiter{d: l.w.d, id: old}).revoke(ctx)
+			return
 		}
+		l.setUnsettled(nw, ttl)
 		return
 	}
 	(&waiter{d: l.w.d, id: nw}).revoke(ctx)
 }
 
+// setUnsettled records nw (granted with ttl) as a lease our key may be on.
+func (l *lease) setUnsettled(nw clientv3.LeaseID, ttl time.Duration) {
+	l.leaseMu.Lock()
+	defer l.leaseMu.Unlock()
+	l.unsettled = append(l.unsettled, &waiter{d: l.w.d, id: nw, ttl: ttl})
+}
+
 // Release deletes our key if it is still ours (a transaction on its create
-// revision), then revokes the lease. If the delete fails (ctx has ended
-// already, as with `defer lease.Release(reqCtx)` after a cancelled request;
-// or the cluster did not answer), revoking the lease, with a context of its
+// revision alone: whichever lease the key is on, a key of that name with
+// that create revision is ours), then revokes the lease, and an unsettled
+// one (see settleMove) too. If the delete fails (ctx has ended already, as
+// with `defer lease.Release(reqCtx)` after a cancelled request; or the
+// cluster did not answer), revoking the leases, with a context of their
 // own, deletes the key anyway: the lock is freed at once instead of staying
 // held for the rest of the TTL. Release then still returns the delete's
 // error.
 func (l *lease) Release(ctx context.Context) error {
 	l.releasing.Store(true)
-	tr, err := l.w.d.txn(ctx, "deleting the lock key", l.owned(), clientv3.OpDelete(l.w.myKey))
+	tr, err := l.w.d.txn(ctx, "deleting the lock key",
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(l.w.myKey), "=", l.w.rev)},
+		clientv3.OpDelete(l.w.myKey))
 	l.stop()
 	l.leaseMu.Lock()
 	w := &waiter{d: l.w.d, id: l.w.id, ttl: l.w.ttl}
+	unsettled := l.unsettled
+	l.unsettled = nil
 	l.leaseMu.Unlock()
-	w.revoke(ctx) // ignores ctx's end; the only key on the lease is ours
+	// The revokes ignore ctx's end; the only key on any of these leases
+	// is ours. They run at once, so that a failed Release still takes
+	// at most cleanupTimeout more.
+	var wg sync.WaitGroup
+	for _, un := range unsettled {
+		wg.Go(func() { un.revoke(ctx) })
+	}
+	w.revoke(ctx)
+	wg.Wait()
 	if err != nil {
 		return err
 	}
