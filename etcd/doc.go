@@ -61,9 +61,10 @@
 //     deletes its waiter key.
 //   - Release deletes the key in a transaction that compares its create
 //     revision only (so it never deletes a newer holder's key, and finds
-//     the key whichever lease it is on), then revokes the lease. Releasing a lost lease returns ErrNotHeld. If the delete fails
-//     (Release's ctx had ended already, or the cluster did not answer
-//     within RequestTimeout), the lease is revoked all the same, with a
+//     the key whichever lease it is on), then revokes the lease. Releasing
+//     a lost lease returns ErrNotHeld. If the delete fails (Release's ctx
+//     had ended already, or the cluster did not answer within
+//     RequestTimeout), the lease is revoked all the same, with a
 //     context of its own (2s, then retried in the background until the TTL
 //     has passed), which deletes the key: the lock is not left held for the
 //     rest of its TTL. Release still returns the delete's error; it can
