@@ -421,12 +421,16 @@ func (l *lease) TTL() time.Duration { return l.ttl }
 
 // Refresh extends the lock on all nodes (compare-and-PEXPIRE, never SET: a
 // lapsed lock is not revived); it counts only with a majority, answered
-// within the asked TTL less the drift.
+// within the asked TTL less the drift. The same script raises each node's
+// counter to the token: a shorter TTL moves the lock key's expiry earlier
+// than the grant's, before the clock of a node whose write-back was
+// skipped may have passed the token.
 func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
 	ms := ttl.Milliseconds()
 	start := time.Now()
+	token := strconv.FormatUint(l.token, 10)
 	replies := l.d.fanout(ctx, l.d.nodeTimeoutFor(ttl), func(ctx context.Context, c goredis.UniversalClient) reply {
-		n, err := redisscript.Refresh.Run(ctx, c, l.keys[:1], l.value, ms).Int64()
+		n, err := redisscript.Refresh.Run(ctx, c, l.keys, l.value, ms, token).Int64()
 		return reply{n: n, err: err}
 	})
 	ok, notOurs, lastErr := count(replies)

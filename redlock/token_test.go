@@ -197,3 +197,75 @@ func TestTokensExactBeyond2To53(t *testing.T) {
 		}
 	}
 }
+
+// expiredEverywhere polls until the lock key of key is gone on every node
+// (expired there), within a generous bound.
+func expiredEverywhere(t *testing.T, admin []goredis.UniversalClient, key string) {
+	t.Helper()
+	gone := func(c goredis.UniversalClient) bool {
+		n, err := c.Exists(t.Context(), lockKey(key)).Result()
+		return err == nil && n == 0
+	}
+	if !waitFor(30*time.Second, func() bool { return countNodes(admin, gone) == len(admin) }) {
+		t.Fatalf("the lock key is still on %d of %d nodes", len(admin)-countNodes(admin, gone), len(admin))
+	}
+}
+
+// nextTokenWithNode0Paused acquires key with node 0 frozen (so the next
+// majority is nodes 1-4 only) and returns the token.
+func nextTokenWithNode0Paused(t *testing.T, ss []*servers.Server, d *redlock.Driver, key string) uint64 {
+	t.Helper()
+	if err := ss[0].Pause(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := ss[0].Unpause(context.WithoutCancel(t.Context())); err != nil {
+			t.Error(err)
+		}
+	}()
+	l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Release(t.Context()) }()
+	return l.Token()
+}
+
+// TestRefreshShorterRaisesCounters: a Refresh to a shorter TTL moves the
+// lock key's expiry earlier than the grant's, so a node whose write-back was
+// skipped (its clock at the grant plus the TTL less the drift passes the
+// token) could let the key expire before its clock passes the token. The
+// refresh script raises the counters to the token, so the next grant, on
+// those nodes only, still issues a larger token.
+func TestRefreshShorterRaisesCounters(t *testing.T) {
+	ss := servers.Redis(t, 5)
+	admin := clients(t, addrs(ss))
+	d, err := redlock.NewDriver(t.Context(), clients(t, addrs(ss)), &redlock.Options{NodeTimeout: testNodeTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	key := uniqueKey(t)
+	fence := lockKey(key) + ":fence"
+	// Node 0's counter is 20s ahead (as its clock could be): the token
+	// comes from it, within TTL − drift of the other nodes' clocks, so
+	// they get no write-back.
+	ahead := uint64(time.Now().Add(20 * time.Second).UnixMicro())
+	if err := admin[0].Set(t.Context(), fence, ahead, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	l1, err := d.TryAcquire(t.Context(), key, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l1.Token() != ahead+1 {
+		t.Fatalf("token %d, want %d (node 0's counter + 1)", l1.Token(), ahead+1)
+	}
+	if _, err := l1.Refresh(t.Context(), 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	expiredEverywhere(t, admin, key) // the holder vanished: never released
+	if next := nextTokenWithNode0Paused(t, ss, d, key); next <= l1.Token() {
+		t.Errorf("after a shortened lease expired: token %d, not above %d", next, l1.Token())
+	}
+}

@@ -9,7 +9,7 @@
 -- value (or is not a number: acquire.lua reports that). The comparison is
 -- exact (on the decimal strings): Lua numbers are doubles, which cannot
 -- tell neighbouring integers apart beyond 2^53. The same code is in
--- release.lua.
+-- release.lua and refresh.lua.
 local function below(c, v)
 	if not c then
 		return true

@@ -28,7 +28,8 @@ var (
 	// Release deletes the lock if it is ours, and with a counter key raises
 	// the counter to a token first (release.lua).
 	Release = goredis.NewScript(releaseSrc)
-	// Refresh extends the lock's TTL if it is ours (refresh.lua).
+	// Refresh extends the lock's TTL if it is ours, and with a counter key
+	// raises the counter to a token first (refresh.lua).
 	Refresh = goredis.NewScript(refreshSrc)
 	// Raise raises a fencing counter to at least a value, exactly (raise.lua).
 	Raise = goredis.NewScript(raiseSrc)
