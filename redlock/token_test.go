@@ -269,3 +269,65 @@ func TestRefreshShorterRaisesCounters(t *testing.T) {
 		t.Errorf("after a shortened lease expired: token %d, not above %d", next, l1.Token())
 	}
 }
+
+// TestExpiryAfterClockRule: a lease expires unreleased while one node's
+// counter (standing for its clock) is ahead of the others' clocks, and the
+// next grant, with that node paused, must issue a larger token. Within TTL
+// − drift ahead, the clock rule skips the write-back to the other nodes
+// (their counters stay below the token) and their clocks pass the token
+// before the lock key expires there; beyond it, the write-back is due and
+// lands.
+func TestExpiryAfterClockRule(t *testing.T) {
+	const ttl = 2 * time.Second
+	ss := servers.Redis(t, 5)
+	admin := clients(t, addrs(ss))
+	for _, tc := range []struct {
+		name      string
+		ahead     time.Duration
+		writeBack bool
+	}{
+		{"skipped", ttl / 2, false},
+		{"due", 3 * ttl, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d1, err := redlock.NewDriver(t.Context(), clients(t, addrs(ss)), &redlock.Options{NodeTimeout: testNodeTimeout})
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := uniqueKey(t)
+			fence := lockKey(key) + ":fence"
+			ahead := uint64(time.Now().Add(tc.ahead).UnixMicro())
+			if err := admin[0].Set(t.Context(), fence, ahead, 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			l1, err := d1.TryAcquire(t.Context(), key, ttl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l1.Token() != ahead+1 {
+				t.Fatalf("token %d, want %d (node 0's counter + 1)", l1.Token(), ahead+1)
+			}
+			expiredEverywhere(t, admin, key) // never released
+			d1.Close()                       // waits for the write-backs
+			raised := func(c goredis.UniversalClient) bool {
+				n, err := c.Get(t.Context(), fence).Uint64()
+				return err == nil && n >= l1.Token()
+			}
+			want := 1 // node 0
+			if tc.writeBack {
+				want = len(admin)
+			}
+			if got := countNodes(admin, raised); got != want {
+				t.Errorf("%d of %d nodes' counters reached the token; want %d (write-back due: %v)", got, len(admin), want, tc.writeBack)
+			}
+			d2, err := redlock.NewDriver(t.Context(), clients(t, addrs(ss)), &redlock.Options{NodeTimeout: testNodeTimeout})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d2.Close()
+			if next := nextTokenWithNode0Paused(t, ss, d2, key); next <= l1.Token() {
+				t.Errorf("after an unreleased lease expired: token %d, not above %d", next, l1.Token())
+			}
+		})
+	}
+}
