@@ -28,9 +28,10 @@
 //   - Release is a compare-and-delete on all nodes.
 //   - Refresh is a compare-and-PEXPIRE on all nodes: it never re-creates a
 //     lapsed key (that would be a new acquire) and counts only with a
-//     majority, answered within the TTL less the drift. The dlock watchdog
-//     bounds each refresh by the lease's deadline and the total hold by
-//     MaxHold.
+//     majority, answered within the TTL less the drift. The same script
+//     raises each node's counter to the token (see Fencing below). The
+//     dlock watchdog bounds each refresh by the lease's deadline and the
+//     total hold by MaxHold.
 //   - Lease.Deadline is the start of the attempt plus the TTL, less the
 //     drift margin: the validity the algorithm computes (the Locker uses
 //     this backend's DriftFactor when it is larger than its own).
@@ -82,26 +83,31 @@
 // the redis package), and a later majority shares at least one node with an
 // earlier one.
 // Each node issues the larger of its counter + 1 and its clock in
-// microseconds, and the token is the largest of the majority's. Release
-// raises every node's counter to the token in the script that deletes the
-// lock; a granting node whose clock at the grant, plus the TTL less the
-// drift, does not pass the token has it written back right after the grant.
-// A later holder's token can equal or go below an earlier one only if no
-// node of the later majority had recorded the earlier token (the nodes the
-// two majorities share lost their counter or restored a stale one in a
-// restart, or the lease ended unreleased and a write-back that was due
-// failed or landed after it had ended) and the clocks of the later majority
-// all read behind it: stepped back by more than the time since the earlier
-// grant (an outage included), or behind the clock that issued it by more
-// than the time between the two grants.
+// microseconds, and the token is the largest of the majority's. Release and
+// Refresh raise every node's counter to the token in the script that deletes
+// or extends the lock; a granting node whose clock at the grant, plus the
+// TTL less the drift, does not pass the token has it written back right
+// after the grant. A later holder's token can equal or go below an earlier
+// one only if no node of the later majority had recorded the earlier token
+// (the nodes the two majorities share lost their counter or restored a stale
+// one in a restart, or the lock key was deleted early on such a node
+// (evicted, DEL, FLUSH), or the lease's key expired on that node (unreleased
+// there) and a write-back that was due failed or landed after it had
+// expired) and the clocks of the later majority all read behind it: stepped
+// back by more than the time since the earlier grant (an outage included),
+// or behind the clock that issued it by more than the time between the two
+// grants.
 //
 // The clock assumption behind the write-back that is skipped: a node whose
 // clock at the grant (read in the acquire script), plus the TTL less the
 // drift, is past the token lets the lock key expire only once its clock
 // reads past the token, and every later grant there issues at least its
-// clock. That holds unless the node's clock steps back, or the node stalls
+// clock. That holds unless the node's clock steps back, the node stalls
 // for longer than the drift between the start of the acquire script and its
-// clock reading. With clocks in step, no write-back runs: a lease costs
+// clock reading, or the lock key goes before its expiry: deleted (DEL,
+// FLUSH) or evicted (New does not check the nodes' maxmemory-policy, as the
+// redis backend does: run them with noeviction). A Refresh, which can move
+// the expiry earlier, raises the counters in its script. With clocks in step, no write-back runs: a lease costs
 // one script per node to acquire and one to release. The write-back that
 // does run (raise.lua) is in the background, so it does not delay the
 // caller; Release does not wait for it (its own script raises the

@@ -241,13 +241,14 @@ func (d *Driver) Guarantees() backend.Guarantees {
 		Notes: "Mutual exclusion rests on bounded clock drift, process pauses and network delays, and on " +
 			"nodes that restart without the lock staying down for a TTL. " +
 			"Each node issues the larger of its counter + 1 and its clock in microseconds, and the token is the " +
-			"largest of the majority's. Release raises every node's counter to the token in the script that " +
-			"deletes the lock; a granting node whose clock at the grant, plus the TTL less the drift, does not " +
-			"pass the token has it written back right after the grant. A later holder's token can equal or go " +
-			"below an earlier one only if no node of the later majority had recorded the earlier token (the nodes " +
-			"the two majorities share lost their counter or restored a stale one in a restart, or the lease ended " +
-			"unreleased and a write-back that was due failed or landed after it had ended) and the clocks of the " +
-			"later majority all read behind it: stepped back by more than the time since the earlier grant (an " +
+			"largest of the majority's. Release and Refresh raise every node's counter to the token in the script " +
+			"that deletes or extends the lock; a granting node whose clock at the grant, plus the TTL less the " +
+			"drift, does not pass the token has it written back right after the grant. A later holder's token can " +
+			"equal or go below an earlier one only if no node of the later majority had recorded the earlier token " +
+			"(the nodes the two majorities share lost their counter or restored a stale one in a restart, or the " +
+			"lock key was deleted early on such a node (evicted, DEL, FLUSH), or the lease's key expired on that " +
+			"node (unreleased there) and a write-back that was due failed or landed after it had expired) and the " +
+			"clocks of the later majority all read behind it: stepped back by more than the time since the earlier grant (an " +
 			"outage included), or behind the clock that issued it by more than the time between the two grants. " +
 			"Use etcd or ZooKeeper where correctness matters.",
 	}
@@ -342,7 +343,8 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 		// deletes the lock, at no extra round trip. A lease that expires
 		// unreleased needs no write-back to a node whose clock passes
 		// the token before the lock key can expire there: a later grant
-		// there issues at least that clock. The other granting nodes (a
+		// there issues at least that clock. (Refresh, which can move the
+		// expiry earlier, raises the counters in its script.) The other granting nodes (a
 		// clock behind the token by about the TTL or more, or a grant of
 		// unknown clock) get the token written back now, in the
 		// background: the next grant comes only after this lease ends;
