@@ -56,7 +56,9 @@
 //     clients that dial their Addr are compared: a Sentinel failover
 //     client (its Addr is "FailoverClient") or a client with a custom
 //     Dialer (which may connect anywhere) is not checked against the
-//     others. A Unix socket path is compared after filepath.Clean only
+//     others; a Dialer made by goredis.NewDialer cannot be told from the
+//     default one, and is compared by the client's Addr even if it was
+//     made from options with another address. A Unix socket path is compared after filepath.Clean only
 //     (a symlink, a relative path from another directory, or a hard link
 //     to the same socket is not recognised).
 //

@@ -47,6 +47,10 @@ func plainDialer(o *goredis.Options) bool {
 	// goredis.NewDialer: its function's name (inlined or not) is the
 	// only way to tell it from a custom one. A name not recognised counts
 	// as custom: the client is then not compared, never wrongly refused.
+	// The closure's options cannot be read, so a caller's Dialer built by
+	// goredis.NewDialer from other options (dialing another Addr) passes
+	// for the default: its client is compared by o.Addr, not by the
+	// address it dials (doc.go says so).
 	f := runtime.FuncForPC(reflect.ValueOf(o.Dialer).Pointer())
 	return f != nil && strings.HasPrefix(f.Name(), "github.com/redis/go-redis/v9.") && strings.Contains(f.Name(), "NewDialer.func")
 }
