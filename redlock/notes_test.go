@@ -1,13 +1,11 @@
 package redlock_test
 
 import (
-	"os"
-	"regexp"
-	"strings"
 	"testing"
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/dlock-go/dlock/internal/doccheck"
 	"github.com/dlock-go/dlock/redlock"
 )
 
@@ -28,27 +26,5 @@ func TestTokenStatementIsOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	notes := d.Guarantees().Notes
-	const from, to = "Each node issues", "between the two grants."
-	i, j := strings.Index(notes, from), strings.Index(notes, to)
-	if i < 0 || j < i {
-		t.Fatalf("Guarantees().Notes has no token statement (from %q to %q): %s", from, to, notes)
-	}
-	statement := notes[i : j+len(to)]
-	space := regexp.MustCompile(`\s+`)
-	doc, err := os.ReadFile("doc.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	docText := space.ReplaceAllString(regexp.MustCompile(`(?m)^//\s?`).ReplaceAllString(string(doc), ""), " ")
-	if !strings.Contains(docText, statement) {
-		t.Errorf("doc.go does not say, word for word, what Guarantees().Notes says:\n%s", statement)
-	}
-	readme, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(space.ReplaceAllString(string(readme), " "), statement) {
-		t.Errorf("README.md does not say, word for word, what Guarantees().Notes says:\n%s", statement)
-	}
+	doccheck.SameStatement(t, d.Guarantees().Notes, "Each node issues", "between the two grants.")
 }
