@@ -19,6 +19,8 @@ var (
 	refreshSrc string
 	//go:embed raise.lua
 	raiseSrc string
+	//go:embed below.lua
+	belowSrc string // the exact counter comparison raise, release and refresh call
 )
 
 // The scripts (see each .lua file for KEYS, ARGV and the reply).
@@ -27,12 +29,12 @@ var (
 	Acquire = goredis.NewScript(acquireSrc)
 	// Release deletes the lock if it is ours, and with a counter key raises
 	// the counter to a token first (release.lua).
-	Release = goredis.NewScript(releaseSrc)
+	Release = goredis.NewScript(belowSrc + releaseSrc)
 	// Refresh extends the lock's TTL if it is ours, and with a counter key
 	// raises the counter to a token first (refresh.lua).
-	Refresh = goredis.NewScript(refreshSrc)
+	Refresh = goredis.NewScript(belowSrc + refreshSrc)
 	// Raise raises a fencing counter to at least a value, exactly (raise.lua).
-	Raise = goredis.NewScript(raiseSrc)
+	Raise = goredis.NewScript(belowSrc + raiseSrc)
 )
 
 // All lists the scripts, for loading them.

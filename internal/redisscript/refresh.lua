@@ -18,20 +18,8 @@
 -- when it was not ours. A missing key is never re-created. The value is
 -- ARGV[1], or ARGV[1] .. '+' once a waiter has marked it (acquire.lua).
 if KEYS[2] then
-	-- below: as in raise.lua (exact, on the decimal strings).
-	local function below(c, t)
-		if not c then
-			return true
-		end
-		if not string.find(c, '^[1-9]%d*$') then
-			local n = tonumber(c)
-			return n ~= nil and n < tonumber(t)
-		end
-		if #c ~= #t then
-			return #c < #t
-		end
-		return c < t
-	end
+	-- below: in below.lua, prepended to this script (exact, on the
+	-- decimal strings).
 	if below(redis.call('GET', KEYS[2]), ARGV[3]) then
 		redis.call('SET', KEYS[2], ARGV[3])
 	end

@@ -25,20 +25,8 @@
 -- subscribe to before their marking attempt. The uncontended release is
 -- thus a plain compare-and-delete.
 if KEYS[2] then
-	-- below: as in raise.lua (exact, on the decimal strings).
-	local function below(c, t)
-		if not c then
-			return true
-		end
-		if not string.find(c, '^[1-9]%d*$') then
-			local n = tonumber(c)
-			return n ~= nil and n < tonumber(t)
-		end
-		if #c ~= #t then
-			return #c < #t
-		end
-		return c < t
-	end
+	-- below: in below.lua, prepended to this script (exact, on the
+	-- decimal strings).
 	if below(redis.call('GET', KEYS[2]), ARGV[2]) then
 		redis.call('SET', KEYS[2], ARGV[2])
 	end
