@@ -347,11 +347,7 @@ func TestReleaseAfterUnsettledMove(t *testing.T) {
 	t.Run("lost-answer", func(t *testing.T) {
 		t.Parallel()
 		// A member of the test's own, to pause.
-		c, err := servers.StartEtcd(t.Context(), 1)
-		if err != nil {
-			t.Fatalf("starting etcd: %v", err)
-		}
-		t.Cleanup(func() { _ = c.Terminate(context.WithoutCancel(t.Context())) })
+		c := ownCluster(t, 1)
 		m := c.Members[0]
 		admin := newClient(t, c.Endpoints())
 		d, err := etcd.NewDriver(t.Context(), newClient(t, c.Endpoints()), nil)

@@ -23,9 +23,16 @@ const slack = 10 * time.Second
 // of.
 func faultCluster(t *testing.T) *servers.EtcdCluster {
 	t.Helper()
-	c, err := servers.StartEtcd(t.Context(), 3)
+	return ownCluster(t, 3)
+}
+
+// ownCluster starts an n-member cluster of the test's own (to pause, kill,
+// or read server-wide metrics of), terminated when the test ends.
+func ownCluster(t *testing.T, n int) *servers.EtcdCluster {
+	t.Helper()
+	c, err := servers.StartEtcd(t.Context(), n)
 	if err != nil {
-		t.Fatalf("starting a 3-member etcd cluster: %v", err)
+		t.Fatalf("starting a %d-member etcd cluster: %v", n, err)
 	}
 	t.Cleanup(func() { _ = c.Terminate(context.WithoutCancel(t.Context())) })
 	return c

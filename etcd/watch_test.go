@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,6 +22,13 @@ import (
 // watchers reads the number of watchers the member at addr keeps, from its
 // metrics endpoint (served on the client port).
 func watchers(ctx context.Context, addr string) (int, error) {
+	n, err := metric(ctx, addr, "etcd_debugging_mvcc_watcher_total", "etcd_mvcc_watcher_total")
+	return int(n), err
+}
+
+// metric reads a counter or gauge (its first sample, under the first of
+// names found) from the member at addr.
+func metric(ctx context.Context, addr string, names ...string) (float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
 	if err != nil {
 		return 0, err
@@ -32,16 +40,89 @@ func watchers(ctx context.Context, addr string) (int, error) {
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		name, v, ok := strings.Cut(sc.Text(), " ")
-		if ok && (name == "etcd_debugging_mvcc_watcher_total" || name == "etcd_mvcc_watcher_total") {
-			n, err := strconv.ParseFloat(v, 64)
-			return int(n), err
+		if n, v, ok := strings.Cut(sc.Text(), " "); ok && slices.Contains(names, n) {
+			return strconv.ParseFloat(v, 64)
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return 0, err
 	}
-	return 0, fmt.Errorf("no watcher_total metric at %s", addr)
+	return 0, fmt.Errorf("no metric %s at %s", strings.Join(names, " or "), addr)
+}
+
+// acquired is the outcome of an Acquire run by acquireAsync.
+type acquired struct {
+	le  *dlock.Lease
+	err error
+}
+
+// acquireAsync runs l.Acquire of key (TTL ttl) under ctx in a goroutine and
+// sends its outcome on the returned channel.
+func acquireAsync(ctx context.Context, l *dlock.Locker, key string, ttl time.Duration) <-chan acquired {
+	res := make(chan acquired, 1)
+	go func() {
+		le, err := l.Acquire(ctx, key, &dlock.AcquireOptions{TTL: ttl})
+		res <- acquired{le, err}
+	}()
+	return res
+}
+
+// putPredecessor puts a key ahead of any waiter in key's queue, on a lease
+// of ttl seconds, and returns it.
+func putPredecessor(t *testing.T, admin *clientv3.Client, key string, ttl int64) string {
+	t.Helper()
+	g, err := admin.Grant(t.Context(), ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := dir(key) + "0"
+	if _, err := admin.Put(t.Context(), k, "", clientv3.WithLease(g.ID)); err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// pauseOthers pauses every member of c but x, appending the index of each
+// one paused to *paused, and stops at the first error.
+func pauseOthers(ctx context.Context, c *servers.EtcdCluster, x int, paused *[]int) error {
+	for i := range c.Members {
+		if i != x {
+			if err := c.Members[i].Pause(ctx); err != nil {
+				return err
+			}
+			*paused = append(*paused, i)
+		}
+	}
+	return nil
+}
+
+// unpauseAll unpauses the members of c at paused, reporting (not failing
+// at once on) each error: for deferred use.
+func unpauseAll(t *testing.T, c *servers.EtcdCluster, paused []int) {
+	t.Helper()
+	for _, i := range paused {
+		if err := c.Members[i].Unpause(context.WithoutCancel(t.Context())); err != nil {
+			t.Errorf("unpausing member %d: %v", i, err)
+		}
+	}
+}
+
+// deletePredecessor deletes pred through cli, retrying (each try bounded
+// by 2s) until it succeeds or slack has passed; then it fails the test
+// with what.
+func deletePredecessor(t *testing.T, cli *clientv3.Client, pred, what string) {
+	t.Helper()
+	for end := time.Now().Add(slack); ; time.Sleep(100 * time.Millisecond) {
+		dctx, dcancel := context.WithTimeout(t.Context(), 2*time.Second)
+		_, err := cli.Delete(dctx, pred)
+		dcancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
 }
 
 // awaitWatchers polls the member's watcher count until it is want, and
@@ -64,11 +145,7 @@ func awaitWatchers(t *testing.T, addr string, want int, what string) {
 func TestLossWatchEndsAfterLoss(t *testing.T) {
 	t.Parallel()
 	// A member of the test's own: the watcher count is the server's total.
-	c, err := servers.StartEtcd(t.Context(), 1)
-	if err != nil {
-		t.Fatalf("starting etcd: %v", err)
-	}
-	t.Cleanup(func() { _ = c.Terminate(context.WithoutCancel(t.Context())) })
+	c := ownCluster(t, 1)
 	addr := c.Members[0].Addr()
 	admin := newClient(t, c.Endpoints())
 	l := newLocker(t, c.Endpoints(), nil)
@@ -123,15 +200,7 @@ func TestWaiterPartitioned(t *testing.T) {
 	const ttl = 2 * time.Second
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	type result struct {
-		le  *dlock.Lease
-		err error
-	}
-	res := make(chan result, 1)
-	go func() {
-		lb, err := waiter.Acquire(ctx, key, &dlock.AcquireOptions{TTL: ttl})
-		res <- result{lb, err}
-	}()
+	res := acquireAsync(ctx, waiter, key, ttl)
 	for end := time.Now().Add(slack); ; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(end) {
 			t.Fatal("the waiter never queued")
@@ -145,20 +214,9 @@ func TestWaiterPartitioned(t *testing.T) {
 		}
 	}
 	var paused []int
-	defer func() {
-		for _, i := range paused {
-			if err := c.Members[i].Unpause(context.WithoutCancel(t.Context())); err != nil {
-				t.Errorf("unpausing member %d: %v", i, err)
-			}
-		}
-	}()
-	for i := range c.Members {
-		if i != x {
-			if err := c.Members[i].Pause(t.Context()); err != nil {
-				t.Fatal(err)
-			}
-			paused = append(paused, i)
-		}
+	defer func() { unpauseAll(t, c, paused) }()
+	if err := pauseOthers(t.Context(), c, x, &paused); err != nil {
+		t.Fatal(err)
 	}
 	// The waiter fails once its TTL has passed since its last answered
 	// keepalive (sent at most TTL/3 before the partition), and then spends
@@ -187,30 +245,6 @@ func TestWaiterPartitioned(t *testing.T) {
 	}
 }
 
-// metric reads a counter or gauge (its first sample) from the member at
-// addr.
-func metric(ctx context.Context, addr, name string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if n, v, ok := strings.Cut(sc.Text(), " "); ok && n == name {
-			return strconv.ParseFloat(v, 64)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return 0, err
-	}
-	return 0, fmt.Errorf("no metric %s at %s", name, addr)
-}
-
 // TestWaiterWatchStartsNow: a waiter's predecessor watch starts at the
 // server's current revision, never at one the server has passed (such a
 // watch is served by etcd's unsynced-watcher loop, every 100ms), and what
@@ -226,64 +260,41 @@ func metric(ctx context.Context, addr, name string) (float64, error) {
 //     watch, the predecessor goes later: the waiter is woken by its watch.
 func TestWaiterWatchStartsNow(t *testing.T) {
 	t.Parallel()
-	c, err := servers.StartEtcd(t.Context(), 1)
-	if err != nil {
-		t.Fatalf("starting etcd: %v", err)
-	}
-	t.Cleanup(func() { _ = c.Terminate(context.WithoutCancel(t.Context())) })
+	c := ownCluster(t, 1)
 	addr := c.Members[0].Addr()
 	admin := newClient(t, c.Endpoints())
 
 	// waiterLocker returns a Locker whose driver calls hook between its
-	// queue read and its watch.
+	// first queue read and its watch (once only).
 	waiterLocker := func(t *testing.T, hook func()) *dlock.Locker {
 		cli := newClient(t, c.Endpoints())
 		d, err := etcd.NewDriver(t.Context(), cli, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		etcd.AfterQueueRead(d, hook)
+		var once bool
+		etcd.AfterQueueRead(d, func() {
+			if !once {
+				once = true
+				hook()
+			}
+		})
 		l := dlock.New(d, nil)
 		t.Cleanup(func() { _ = l.Close() })
 		return l
 	}
-	// predecessor puts a key ahead of the waiter in key's queue.
-	predecessor := func(t *testing.T, key string) string {
-		g, err := admin.Grant(t.Context(), 60)
-		if err != nil {
-			t.Fatal(err)
-		}
-		k := dir(key) + "0"
-		if _, err := admin.Put(t.Context(), k, "", clientv3.WithLease(g.ID)); err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	type result struct {
-		le  *dlock.Lease
-		err error
-	}
-	acquire := func(t *testing.T, l *dlock.Locker, key string) <-chan result {
-		got := make(chan result, 1)
-		go func() {
-			ctx, cancel := context.WithTimeout(t.Context(), slack)
-			defer cancel()
-			le, err := l.Acquire(ctx, key, &dlock.AcquireOptions{TTL: time.Minute})
-			got <- result{le, err}
-		}()
-		return got
+	acquire := func(t *testing.T, l *dlock.Locker, key string) <-chan acquired {
+		ctx, cancel := context.WithTimeout(t.Context(), slack)
+		t.Cleanup(cancel)
+		return acquireAsync(ctx, l, key, time.Minute)
 	}
 
 	t.Run("deleted-before-watch", func(t *testing.T) {
 		key := uniqueKey(t)
-		pred := predecessor(t, key)
-		var once bool
+		pred := putPredecessor(t, admin, key, 60)
 		l := waiterLocker(t, func() {
-			if !once {
-				once = true
-				if _, err := admin.Delete(t.Context(), pred); err != nil {
-					t.Error(err)
-				}
+			if _, err := admin.Delete(t.Context(), pred); err != nil {
+				t.Error(err)
 			}
 		})
 		before, err := metric(t.Context(), addr, "etcd_debugging_mvcc_events_total")
@@ -310,14 +321,10 @@ func TestWaiterWatchStartsNow(t *testing.T) {
 
 	t.Run("write-before-watch", func(t *testing.T) {
 		key := uniqueKey(t)
-		pred := predecessor(t, key)
-		var once bool
+		pred := putPredecessor(t, admin, key, 60)
 		l := waiterLocker(t, func() {
-			if !once {
-				once = true
-				if _, err := admin.Put(t.Context(), key+".unrelated", ""); err != nil {
-					t.Error(err)
-				}
+			if _, err := admin.Put(t.Context(), key+".unrelated", ""); err != nil {
+				t.Error(err)
 			}
 		})
 		awaitWatchers(t, addr, 0, "before the waiter queues")
@@ -359,16 +366,10 @@ func TestWaiterWatchOnFrozenMember(t *testing.T) {
 	eps := c.Endpoints()
 	admin := newClient(t, eps)
 	key := uniqueKey(t)
-	g, err := admin.Grant(t.Context(), 120)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pred := dir(key) + "0"
-	if _, err := admin.Put(t.Context(), pred, "", clientv3.WithLease(g.ID)); err != nil {
-		t.Fatal(err)
-	}
+	pred := putPredecessor(t, admin, key, 120)
 	base := make([]int, len(c.Members))
 	for i, m := range c.Members {
+		var err error
 		if base[i], err = watchers(t.Context(), m.Addr()); err != nil {
 			t.Fatal(err)
 		}
@@ -377,15 +378,7 @@ func TestWaiterWatchOnFrozenMember(t *testing.T) {
 	const ttl = 6 * time.Second
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	type result struct {
-		le  *dlock.Lease
-		err error
-	}
-	res := make(chan result, 1)
-	go func() {
-		le, err := w.Acquire(ctx, key, &dlock.AcquireOptions{TTL: ttl})
-		res <- result{le, err}
-	}()
+	res := acquireAsync(ctx, w, key, ttl)
 	on := -1
 	for end := time.Now().Add(slack); on < 0; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(end) {
@@ -411,18 +404,7 @@ func TestWaiterWatchOnFrozenMember(t *testing.T) {
 			others = append(others, m.Addr())
 		}
 	}
-	live := newClient(t, others)
-	for end := time.Now().Add(slack); ; time.Sleep(100 * time.Millisecond) {
-		dctx, dcancel := context.WithTimeout(t.Context(), 2*time.Second)
-		_, err := live.Delete(dctx, pred)
-		dcancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatalf("deleting the predecessor through the live members: %v", err)
-		}
-	}
+	deletePredecessor(t, newClient(t, others), pred, "deleting the predecessor through the live members")
 	start := time.Now()
 	bound := ttl + 5*time.Second
 	select {
@@ -457,24 +439,11 @@ func TestWaiterRidesOutQuorumLoss(t *testing.T) {
 	eps := c.Endpoints()
 	admin := newClient(t, eps)
 	key := uniqueKey(t)
-	g, err := admin.Grant(t.Context(), 120)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pred := dir(key) + "0"
-	if _, err := admin.Put(t.Context(), pred, "", clientv3.WithLease(g.ID)); err != nil {
-		t.Fatal(err)
-	}
+	pred := putPredecessor(t, admin, key, 120)
 	// The waiter talks to one member only; the hook pauses the others.
 	const x = 0
 	var paused []int
-	defer func() {
-		for _, i := range paused {
-			if err := c.Members[i].Unpause(context.WithoutCancel(t.Context())); err != nil {
-				t.Errorf("unpausing member %d: %v", i, err)
-			}
-		}
-	}()
+	defer func() { unpauseAll(t, c, paused) }()
 	hookErr := make(chan error, 1)
 	cli := newClient(t, []string{c.Members[x].Addr()})
 	d, err := etcd.NewDriver(t.Context(), cli, nil)
@@ -488,12 +457,8 @@ func TestWaiterRidesOutQuorumLoss(t *testing.T) {
 		}
 		once = true
 		_, err := admin.Put(t.Context(), key+".unrelated", "")
-		for i := range c.Members {
-			if i != x && err == nil {
-				if err = c.Members[i].Pause(t.Context()); err == nil {
-					paused = append(paused, i)
-				}
-			}
+		if err == nil {
+			err = pauseOthers(t.Context(), c, x, &paused)
 		}
 		hookErr <- err
 	})
@@ -533,17 +498,7 @@ func TestWaiterRidesOutQuorumLoss(t *testing.T) {
 		}
 	}
 	paused = nil
-	for end := time.Now().Add(slack); ; time.Sleep(100 * time.Millisecond) {
-		dctx, dcancel := context.WithTimeout(t.Context(), 2*time.Second)
-		_, err := admin.Delete(dctx, pred)
-		dcancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatalf("deleting the predecessor after the quorum came back: %v", err)
-		}
-	}
+	deletePredecessor(t, admin, pred, "deleting the predecessor after the quorum came back")
 	select {
 	case err := <-res:
 		if err != nil {

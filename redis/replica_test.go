@@ -12,7 +12,6 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock/backend"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/redis"
 )
 
@@ -21,14 +20,7 @@ import (
 // however go-redis resends the acquire script and WAIT.
 func TestWaitReplicasNotBypassed(t *testing.T) {
 	t.Parallel()
-	r, err := servers.StartRedisSentinel(t.Context())
-	if errors.Is(err, servers.ErrNeedsHostNetwork) {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Terminate(context.WithoutCancel(t.Context())) })
+	r := startSentinel(t)
 	admin := goredis.NewClient(&goredis.Options{Addr: r.Primary.Addr()})
 	t.Cleanup(func() { _ = admin.Close() })
 	if err := r.Replica.Pause(t.Context()); err != nil {

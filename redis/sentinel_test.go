@@ -13,6 +13,22 @@ import (
 	"github.com/dlock-go/dlock/redis"
 )
 
+// startSentinel starts a primary, replica and Sentinel of the test's own,
+// terminated when the test ends; it skips the test where they need host
+// networking and do not have it.
+func startSentinel(t *testing.T) *servers.RedisSentinel {
+	t.Helper()
+	r, err := servers.StartRedisSentinel(t.Context())
+	if errors.Is(err, servers.ErrNeedsHostNetwork) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Terminate(context.WithoutCancel(t.Context())) })
+	return r
+}
+
 // TestSentinelFailover runs the backend through go-redis failover clients
 // (Sentinel) and kills the primary while a lock is held, taken with
 // WaitReplicas 1. Sentinel promotes the replica; the lock is still held
@@ -22,14 +38,7 @@ import (
 // for replicas: after the failover there are none.
 func TestSentinelFailover(t *testing.T) {
 	t.Parallel()
-	r, err := servers.StartRedisSentinel(t.Context())
-	if errors.Is(err, servers.ErrNeedsHostNetwork) {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Terminate(context.WithoutCancel(t.Context())) })
+	r := startSentinel(t)
 	newLocker := func(waitReplicas int) *dlock.Locker {
 		c := goredis.NewFailoverClient(&goredis.FailoverOptions{
 			MasterName:            r.MasterName,

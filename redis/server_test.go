@@ -521,20 +521,10 @@ func TestEvictionCheck(t *testing.T) {
 	if !errors.Is(err, backend.ErrInvalidConfig) || !strings.Contains(err.Error(), "CONFIG SET maxmemory-policy noeviction") {
 		t.Fatalf("NewDriver under allkeys-lru = %v, want ErrInvalidConfig naming the fix", err)
 	}
-	var buf bytes.Buffer
-	var mu sync.Mutex
-	log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, nil))
-	d, err := redis.NewDriver(ctx, c, &redis.Options{EvictionCheck: redis.EvictionWarn, Logger: log})
-	if err != nil {
-		t.Fatalf("NewDriver with EvictionWarn = %v", err)
+	if logged := evictionWarnLog(t, c); !strings.Contains(logged, "allkeys-lru") {
+		t.Errorf("EvictionWarn logged %q", logged)
 	}
-	_ = d.Close()
-	mu.Lock()
-	if !strings.Contains(buf.String(), "allkeys-lru") {
-		t.Errorf("EvictionWarn logged %q", buf.String())
-	}
-	mu.Unlock()
-	d, err = redis.NewDriver(ctx, c, &redis.Options{EvictionCheck: redis.EvictionIgnore})
+	d, err := redis.NewDriver(ctx, c, &redis.Options{EvictionCheck: redis.EvictionIgnore})
 	if err != nil {
 		t.Fatalf("NewDriver with EvictionIgnore = %v", err)
 	}
@@ -578,19 +568,9 @@ func TestEvictionCheckUnreadable(t *testing.T) {
 		t.Fatalf("Open without CONFIG GET = %v; want ErrInvalidConfig naming eviction_check", err)
 	}
 
-	var buf bytes.Buffer
-	var mu sync.Mutex
-	log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, nil))
-	d, err := redis.NewDriver(ctx, c, &redis.Options{EvictionCheck: redis.EvictionWarn, Logger: log})
-	if err != nil {
-		t.Fatalf("NewDriver with EvictionWarn = %v", err)
+	if logged := evictionWarnLog(t, c); !strings.Contains(logged, "cannot check maxmemory-policy") {
+		t.Errorf("EvictionWarn logged %q", logged)
 	}
-	_ = d.Close()
-	mu.Lock()
-	if !strings.Contains(buf.String(), "cannot check maxmemory-policy") {
-		t.Errorf("EvictionWarn logged %q", buf.String())
-	}
-	mu.Unlock()
 	l, err := dlock.Open(ctx, u+"?eviction_check=ignore")
 	if err != nil {
 		t.Fatalf("Open with eviction_check=ignore = %v", err)
@@ -603,6 +583,23 @@ func TestEvictionCheckUnreadable(t *testing.T) {
 	if err := lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// evictionWarnLog makes (and closes) a driver on c with EvictionWarn and
+// returns what it logged.
+func evictionWarnLog(t *testing.T, c *goredis.Client) string {
+	t.Helper()
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, nil))
+	d, err := redis.NewDriver(t.Context(), c, &redis.Options{EvictionCheck: redis.EvictionWarn, Logger: log})
+	if err != nil {
+		t.Fatalf("NewDriver with EvictionWarn = %v", err)
+	}
+	_ = d.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	return buf.String()
 }
 
 type lockedWriter struct {
