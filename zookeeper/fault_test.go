@@ -186,47 +186,74 @@ func prime(t *testing.T, l *dlock.Locker, key string) {
 	}
 }
 
+// cutFixture is the setup of the tests that cut a create: one server, an
+// admin session, Locker a dialling through cut, Locker b dialling directly,
+// and a key whose parent node exists (primed by b).
+type cutFixture struct {
+	srv   []string
+	admin *zk.Conn
+	cut   *cutter
+	a, b  *dlock.Locker
+	key   string
+}
+
+// newCutFixture marks t parallel and starts a cutFixture on a server of its
+// own.
+func newCutFixture(t *testing.T) *cutFixture {
+	t.Helper()
+	t.Parallel()
+	f := &cutFixture{cut: &cutter{}}
+	f.srv = servers.ZooKeeper(t, 1).Servers()
+	f.admin = adminConn(t, f.srv)
+	f.a = newLocker(t, f.srv, &zookeeper.Options{Dialer: f.cut.dial})
+	f.b = newLocker(t, f.srv, nil)
+	f.key = uniqueKey(t)
+	prime(t, f.b, f.key)
+	return f
+}
+
+// takeWhenFree waits until key's queue is empty and l has its session,
+// then has l's TryAcquire take the lock on key (what says when, in the
+// failure message), with a token above after (0: any), and releases it.
+func takeWhenFree(t *testing.T, admin *zk.Conn, l *dlock.Locker, key, what string, after dlock.Token) {
+	t.Helper()
+	waitNoNodes(t, admin, key)
+	awaitSession(t, l)
+	le, err := l.TryAcquire(t.Context(), key, nil)
+	if err != nil {
+		t.Fatalf("TryAcquire %s: %v", what, err)
+	}
+	if le.Token() <= after {
+		t.Errorf("token %d not above the earlier %d", le.Token(), after)
+	}
+	_ = le.Release(t.Context())
+}
+
 // TestConnectionLostDuringCreate: the connection drops after the create
 // request reached the server, before its reply. Protection mode finds our
 // node instead of creating a second one; after release no node is left and
 // others can take the lock.
 func TestConnectionLostDuringCreate(t *testing.T) {
-	t.Parallel()
-	srv := servers.ZooKeeper(t, 1).Servers()
-	admin := adminConn(t, srv)
-	cut := &cutter{}
-	a := newLocker(t, srv, &zookeeper.Options{Dialer: cut.dial})
-	b := newLocker(t, srv, nil)
-	key := uniqueKey(t)
-	prime(t, b, key)
-
-	cut.arm()
-	la, err := a.Acquire(t.Context(), key, nil)
-	if n := cut.cutCount(); n != 1 {
+	f := newCutFixture(t)
+	f.cut.arm()
+	la, err := f.a.Acquire(t.Context(), f.key, nil)
+	if n := f.cut.cutCount(); n != 1 {
 		t.Fatalf("the connection was cut %d times during the create, want 1", n)
 	}
 	if err != nil {
 		t.Fatalf("Acquire across a connection lost during the create: %v", err)
 	}
-	kids, _, err := admin.Children(parent(key))
+	kids, _, err := f.admin.Children(parent(f.key))
 	if err != nil || len(kids) != 1 {
 		t.Fatalf("queue after the acquire: %v (err %v); want exactly our node", kids, err)
 	}
-	if _, err := b.TryAcquire(t.Context(), key, nil); !errors.Is(err, dlock.ErrNotAcquired) {
+	if _, err := f.b.TryAcquire(t.Context(), f.key, nil); !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Fatalf("TryAcquire while held = %v, want ErrNotAcquired", err)
 	}
 	if err := la.Release(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	waitNoNodes(t, admin, key)
-	lb, err := b.TryAcquire(t.Context(), key, nil)
-	if err != nil {
-		t.Fatalf("TryAcquire after release: %v", err)
-	}
-	if lb.Token() <= la.Token() {
-		t.Errorf("token %d not above the earlier %d", lb.Token(), la.Token())
-	}
-	_ = lb.Release(t.Context())
+	takeWhenFree(t, f.admin, f.b, f.key, "after release", la.Token())
 }
 
 // TestCreateLostShortOutage: the connection drops after the create request
@@ -237,58 +264,37 @@ func TestConnectionLostDuringCreate(t *testing.T) {
 // protection mode keeps looking for our node, and Acquire succeeds once
 // the server lets the client back in.
 func TestCreateLostShortOutage(t *testing.T) {
-	t.Parallel()
-	srv := servers.ZooKeeper(t, 1).Servers()
-	admin := adminConn(t, srv)
-	cut := &cutter{}
-	a := newLocker(t, srv, &zookeeper.Options{Dialer: cut.dial})
-	b := newLocker(t, srv, nil)
-	key := uniqueKey(t)
-	prime(t, b, key)
-
-	cut.armPartition()
-	defer cut.partition(false)
-	got := acquireAsync(t.Context(), a, key)
-	cut.waitRefused(t, 1)
-	cut.partition(false)
+	f := newCutFixture(t)
+	f.cut.armPartition()
+	defer f.cut.partition(false)
+	got := acquireAsync(t.Context(), f.a, f.key)
+	f.cut.waitRefused(t, 1)
+	f.cut.partition(false)
 	if err := waitResult(got, slack); err == nil || err.Error() != "granted" {
 		t.Fatalf("Acquire across a create cut by a one-dial outage = %v, want granted", err)
 	}
-	waitNoNodes(t, admin, key)
+	waitNoNodes(t, f.admin, f.key)
 }
 
 // TestCancelledDuringCreate: the caller gives up while the create's reply
 // is lost; the node that the server did create is deleted in the
 // background, so the lock stays free for others.
 func TestCancelledDuringCreate(t *testing.T) {
-	t.Parallel()
-	srv := servers.ZooKeeper(t, 1).Servers()
-	admin := adminConn(t, srv)
-	cut := &cutter{}
-	a := newLocker(t, srv, &zookeeper.Options{Dialer: cut.dial})
-	b := newLocker(t, srv, nil)
-	key := uniqueKey(t)
-	prime(t, b, key)
-
-	cut.arm()
+	f := newCutFixture(t)
+	f.cut.arm()
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
-	_, err := a.Acquire(ctx, key, nil)
+	_, err := f.a.Acquire(ctx, f.key, nil)
 	cancel()
 	if err == nil {
 		t.Log("the acquire finished before its deadline; released")
 	}
-	if cut.cutCount() != 1 {
+	if f.cut.cutCount() != 1 {
 		t.Fatalf("the connection was not cut during the create")
 	}
 	if err != nil && (!errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded)) {
 		t.Errorf("Acquire cut by its deadline = %v, want ErrNotAcquired and DeadlineExceeded", err)
 	}
-	waitNoNodes(t, admin, key)
-	lb, err := b.TryAcquire(t.Context(), key, nil)
-	if err != nil {
-		t.Fatalf("TryAcquire after the abandoned create: %v", err)
-	}
-	_ = lb.Release(t.Context())
+	takeWhenFree(t, f.admin, f.b, f.key, "after the abandoned create", 0)
 }
 
 // TestSessionExpired: the holder is cut off from the ensemble past its
@@ -540,13 +546,20 @@ func awaitLeader(t *testing.T, e *servers.ZooKeeperEnsemble, down map[int]bool) 
 	return -1
 }
 
-// awaitSession waits until l's ZooKeeper client has its session again.
-func awaitSession(t *testing.T, l *dlock.Locker) {
+// zkConnOf returns l's ZooKeeper client.
+func zkConnOf(t *testing.T, l *dlock.Locker) *zk.Conn {
 	t.Helper()
 	var c *zk.Conn
 	if !l.As(&c) {
 		t.Fatal("Locker.As(**zk.Conn) = false")
 	}
+	return c
+}
+
+// awaitSession waits until l's ZooKeeper client has its session again.
+func awaitSession(t *testing.T, l *dlock.Locker) {
+	t.Helper()
+	c := zkConnOf(t, l)
 	for end := time.Now().Add(slack); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 		if c.State() == zk.StateHasSession {
 			return
@@ -558,10 +571,7 @@ func awaitSession(t *testing.T, l *dlock.Locker) {
 // awaitNoSession waits until l's ZooKeeper client has lost its connection.
 func awaitNoSession(t *testing.T, l *dlock.Locker) {
 	t.Helper()
-	var c *zk.Conn
-	if !l.As(&c) {
-		t.Fatal("Locker.As(**zk.Conn) = false")
-	}
+	c := zkConnOf(t, l)
 	for end := time.Now().Add(slack); time.Now().Before(end); time.Sleep(time.Millisecond) {
 		if c.State() != zk.StateHasSession {
 			return

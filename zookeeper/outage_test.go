@@ -47,10 +47,7 @@ func waitQueue(t *testing.T, admin *zk.Conn, key string, n int) []string {
 // its predecessor is queued.
 func waitWatching(t *testing.T, addr string, l *dlock.Locker, path string) {
 	t.Helper()
-	var c *zk.Conn
-	if !l.As(&c) {
-		t.Fatal("Locker.As(**zk.Conn) = false")
-	}
+	c := zkConnOf(t, l)
 	session := fmt.Sprintf("0x%x", c.SessionID())
 	var out string
 	for end := time.Now().Add(slack); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
@@ -110,27 +107,19 @@ func acquireAsync(ctx context.Context, l *dlock.Locker, key string) <-chan error
 // can be reached again (well within the session timeout, so it is the
 // driver's deletion, not the session's end).
 func TestCreateLostThenUnreachable(t *testing.T) {
-	t.Parallel()
-	srv := servers.ZooKeeper(t, 1).Servers()
-	admin := adminConn(t, srv)
-	cut := &cutter{}
-	a := newLocker(t, srv, &zookeeper.Options{Dialer: cut.dial})
-	b := newLocker(t, srv, nil)
-	key := uniqueKey(t)
-	prime(t, b, key)
-
-	cut.armPartition()
-	defer cut.partition(false)
-	got := acquireAsync(t.Context(), a, key)
+	f := newCutFixture(t)
+	f.cut.armPartition()
+	defer f.cut.partition(false)
+	got := acquireAsync(t.Context(), f.a, f.key)
 	// The request never sent is failed once the connection has been
 	// down for a reconnect cycle; give it two.
-	bound := 2*reconnectCycle(len(srv)) + 5*time.Second
+	bound := 2*reconnectCycle(len(f.srv)) + 5*time.Second
 	err := waitResult(got, bound)
-	if cut.cutCount() != 1 {
+	if f.cut.cutCount() != 1 {
 		t.Fatalf("the connection was not cut during the create")
 	}
 	if err == errNoReturn {
-		cut.partition(false)
+		f.cut.partition(false)
 		t.Fatalf("Acquire without a deadline, server unreachable, did not return within %v (then: %v)", bound, <-got)
 	}
 	if !errors.Is(err, dlock.ErrUnavailable) {
@@ -138,15 +127,10 @@ func TestCreateLostThenUnreachable(t *testing.T) {
 	}
 	t.Logf("Acquire: %v", err)
 	// The server did create the node: it is there while we are cut off.
-	waitQueue(t, admin, key, 1)
+	waitQueue(t, f.admin, f.key, 1)
 
-	cut.partition(false)
-	waitNoNodes(t, admin, key)
-	lb, err := b.TryAcquire(t.Context(), key, nil)
-	if err != nil {
-		t.Fatalf("TryAcquire after the orphan's clean-up: %v", err)
-	}
-	_ = lb.Release(t.Context())
+	f.cut.partition(false)
+	takeWhenFree(t, f.admin, f.b, f.key, "after the orphan's clean-up", 0)
 }
 
 // TestWaiterRidesOutNoServer: a queued waiter's watch fires (the holder
@@ -348,16 +332,7 @@ func TestEnsembleStopped(t *testing.T) {
 	if err := lh.Release(t.Context()); err != nil {
 		t.Fatalf("holder's Release after the restart: %v", err)
 	}
-	waitNoNodes(t, admin, key)
-	awaitSession(t, a)
-	la, err := a.TryAcquire(t.Context(), key, nil)
-	if err != nil {
-		t.Fatalf("TryAcquire after the restart: %v", err)
-	}
-	if la.Token() <= lh.Token() {
-		t.Errorf("token %d not above the earlier %d", la.Token(), lh.Token())
-	}
-	_ = la.Release(t.Context())
+	takeWhenFree(t, admin, a, key, "after the restart", lh.Token())
 }
 
 // TestWaiterSessionExpires: a waiter is cut off from the ensemble while
@@ -402,14 +377,5 @@ func TestWaiterSessionExpires(t *testing.T) {
 	}
 	t.Logf("waiter: %v", err)
 	cut.partition(false)
-	waitNoNodes(t, admin, key)
-	awaitSession(t, w)
-	lw, err := w.TryAcquire(t.Context(), key, nil)
-	if err != nil {
-		t.Fatalf("TryAcquire by the waiter's Locker once back: %v", err)
-	}
-	if lw.Token() <= lh.Token() {
-		t.Errorf("token %d not above the earlier %d", lw.Token(), lh.Token())
-	}
-	_ = lw.Release(t.Context())
+	takeWhenFree(t, admin, w, key, "by the waiter's Locker once back", lh.Token())
 }
