@@ -283,10 +283,13 @@ func TestCancelledDuringCreate(t *testing.T) {
 	f := newCutFixture(t)
 	f.cut.arm()
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
-	_, err := f.a.Acquire(ctx, f.key, nil)
+	le, err := f.a.Acquire(ctx, f.key, nil)
 	cancel()
 	if err == nil {
 		t.Log("the acquire finished before its deadline; released")
+		if err := le.Release(t.Context()); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
 	}
 	if f.cut.cutCount() != 1 {
 		t.Fatalf("the connection was not cut during the create")
