@@ -1,0 +1,235 @@
+package check_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance/check"
+)
+
+// hist builds histories by hand, at times given in milliseconds from its
+// start.
+type hist struct {
+	h *check.History
+}
+
+func newHist() *hist { return &hist{check.NewHistory()} }
+
+func (h *hist) t(ms int) time.Time { return h.h.Begin().Add(time.Duration(ms) * time.Millisecond) }
+
+// grant records a granted acquire invoked at from, returned at to, valid
+// until deadline, and returns its ID.
+func (h *hist) grant(client, key string, from, to, deadline int, tok dlock.Token) int {
+	return h.h.Add(check.Op{Kind: check.Acquire, Client: client, Key: key, Wait: true, Start: h.t(from), End: h.t(to),
+		Token: tok, TTL: time.Duration(deadline-to) * time.Millisecond, Deadline: h.t(deadline)})
+}
+
+func (h *hist) release(lease, at int) {
+	h.h.Add(check.Op{Kind: check.Release, Lease: lease, Start: h.t(at), End: h.t(at + 1)})
+}
+
+func (h *hist) write(lease int, tok dlock.Token, at int, read int64, seq int, accepted bool) {
+	h.h.Add(check.Op{Kind: check.Write, Key: "k", Lease: lease, Token: tok, Start: h.t(at), End: h.t(at),
+		Read: read, Wrote: read + 1, Seq: seq, Accepted: accepted})
+}
+
+func props(vs []check.Violation) string {
+	var ps []string
+	for _, v := range vs {
+		ps = append(ps, string(v.Property))
+	}
+	return strings.Join(ps, ",")
+}
+
+// want checks that exactly the properties listed are violated, once each.
+func want(t *testing.T, h *hist, o check.Options, wantProps ...check.Property) []check.Violation {
+	t.Helper()
+	vs := check.Check(h.h, o)
+	var w []string
+	for _, p := range wantProps {
+		w = append(w, string(p))
+	}
+	if got := props(vs); got != strings.Join(w, ",") {
+		t.Fatalf("violations %q, want %q:\n%s", got, strings.Join(w, ","), check.Summary(vs))
+	}
+	return vs
+}
+
+func TestCleanHistory(t *testing.T) {
+	h := newHist()
+	a := h.grant("a", "k", 0, 10, 1000, 5)
+	h.write(a, 5, 20, 0, 1, true)
+	h.release(a, 30)
+	b := h.grant("b", "k", 5, 40, 1040, 6) // waited for a
+	h.write(b, 6, 50, 1, 2, true)
+	h.release(b, 60)
+	c := h.grant("c", "k", 100, 110, 200, 9) // no release: valid until its deadline
+	h.write(c, 9, 120, 2, 3, true)
+	d := h.grant("d", "k", 150, 210, 300, 10) // granted once c's deadline passed
+	h.write(c, 9, 220, 3, 4, false)           // c writes late: refused
+	h.write(d, 10, 230, 3, 5, true)
+	h.release(d, 240)
+	want(t, h, check.Options{Progress: time.Second})
+}
+
+func TestMutualExclusionCaught(t *testing.T) {
+	h := newHist()
+	a := h.grant("a", "k", 0, 10, 1000, 1)
+	b := h.grant("b", "k", 20, 30, 1030, 2) // a's lease is still valid
+	h.release(a, 500)
+	h.release(b, 600)
+	vs := want(t, h, check.Options{}, check.MutualExclusion)
+	if vs[0].A.ID != a || vs[0].B.ID != b || !strings.Contains(vs[0].Detail, "+0.010s") || !strings.Contains(vs[0].Detail, "+0.030s") {
+		t.Errorf("the report does not name both operations and their times: %v", vs[0])
+	}
+}
+
+// The ends of a lease's validity: release invoked, Done fired, an injected
+// expiry, its Deadline. A grant after any of them is no violation; the same
+// grant before it is.
+func TestValidityEnds(t *testing.T) {
+	for _, end := range []string{"release", "lost", "expire", "deadline"} {
+		for _, after := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/after=%v", end, after), func(t *testing.T) {
+				h := newHist()
+				deadline := 1000
+				if end == "deadline" {
+					deadline = 100
+				}
+				a := h.grant("a", "k", 0, 10, deadline, 1)
+				switch end {
+				case "release":
+					h.release(a, 100)
+				case "lost":
+					h.h.Add(check.Op{Kind: check.Lost, Lease: a, Start: h.t(100), End: h.t(100), Err: dlock.ErrLeaseLost})
+				case "expire":
+					h.h.Expire("k", h.t(100))
+				}
+				grantAt := 150
+				if !after {
+					grantAt = 90
+				}
+				h.grant("b", "k", 50, grantAt, 2000, 2)
+				if after {
+					want(t, h, check.Options{})
+				} else {
+					want(t, h, check.Options{}, check.MutualExclusion)
+				}
+			})
+		}
+	}
+}
+
+// A refreshed lease is valid until the latest Deadline seen.
+func TestRefreshedDeadlineExtends(t *testing.T) {
+	h := newHist()
+	a := h.grant("a", "k", 0, 10, 100, 1)
+	h.write(a, 1, 90, 0, 1, true)
+	h.h.Add(check.Op{Kind: check.Write, Key: "k", Lease: a, Token: 1, Start: h.t(95), End: h.t(95), Deadline: h.t(300), Read: 1, Wrote: 2, Seq: 2, Accepted: true})
+	h.grant("b", "k", 50, 200, 2000, 2) // a was refreshed to 300
+	want(t, h, check.Options{}, check.MutualExclusion)
+}
+
+func TestKeysAreSeparate(t *testing.T) {
+	h := newHist()
+	h.grant("a", "k1", 0, 10, 1000, 1)
+	h.grant("b", "k2", 0, 10, 1000, 1)
+	want(t, h, check.Options{})
+}
+
+func TestTokenOrderCaught(t *testing.T) {
+	for _, tok := range []dlock.Token{5, 4} { // equal, lower
+		h := newHist()
+		a := h.grant("a", "k", 0, 10, 1000, 5)
+		h.release(a, 20)
+		h.grant("b", "k", 30, 40, 1000, tok)
+		want(t, h, check.Options{}, check.TokenOrder)
+	}
+	// Overlapping acquires may be granted in either order.
+	h := newHist()
+	a := h.grant("a", "k", 0, 50, 60, 5)
+	h.release(a, 55)
+	h.grant("b", "k", 10, 70, 1000, 4)
+	want(t, h, check.Options{})
+}
+
+func TestLostUpdateCaught(t *testing.T) {
+	h := newHist()
+	a := h.grant("a", "k", 0, 10, 100, 1)
+	b := h.grant("b", "k", 200, 210, 300, 2)
+	h.write(a, 1, 20, 0, 1, true)
+	h.write(b, 2, 220, 0, 2, true) // read 0, but a had written 1
+	want(t, h, check.Options{}, check.LostUpdate)
+}
+
+func TestStaleWriteCaught(t *testing.T) {
+	for _, tok := range []dlock.Token{2, 1} { // equal, lower
+		h := newHist()
+		a := h.grant("a", "k", 0, 10, 100, 2)
+		b := h.grant("b", "k", 200, 210, 300, 3)
+		h.write(b, 3, 220, 0, 1, true)
+		// A register that wrongly accepts the write of another lease with
+		// a token not above the last one.
+		h.h.Add(check.Op{Kind: check.Write, Key: "k", Lease: a, Token: tok, Start: h.t(230), End: h.t(230), Read: 1, Wrote: 2, Seq: 2, Accepted: true})
+		h.release(b, 240)
+		want(t, h, check.Options{}, check.StaleWrite)
+	}
+}
+
+func TestRegisterRefusesStaleToken(t *testing.T) {
+	h := check.NewHistory()
+	r := check.NewRegister(h, "k")
+	if v, ok := r.Read(5); !ok || v != 0 {
+		t.Fatalf("Read(5) = %d, %v", v, ok)
+	}
+	if !r.Write("a", 1, 5, time.Time{}, 0) {
+		t.Fatal("write with the highest token refused")
+	}
+	if _, ok := r.Read(4); ok {
+		t.Fatal("Read with a lower token accepted")
+	}
+	if r.Write("b", 2, 4, time.Time{}, 0) {
+		t.Fatal("Write with a lower token accepted")
+	}
+	if vs := check.Check(h, check.Options{}); len(vs) != 0 {
+		t.Fatalf("violations: %s", check.Summary(vs))
+	}
+}
+
+func TestLivenessCaught(t *testing.T) {
+	// b waits from 0 to 5000; a holds until 100: nothing granted for 4.9s.
+	h := newHist()
+	a := h.grant("a", "k", 0, 1, 100, 1)
+	h.release(a, 100)
+	h.h.Add(check.Op{Kind: check.Acquire, Client: "b", Key: "k", Wait: true, Start: h.t(2), End: h.t(5000), Err: context.DeadlineExceeded})
+	want(t, h, check.Options{Progress: time.Second}, check.Liveness)
+
+	// The same inside a declared fault window is no violation.
+	h.h.Fault("server down", h.t(50), h.t(4500))
+	want(t, h, check.Options{Progress: time.Second})
+
+	// A holder that dies keeps its key until its lease runs out; a grant
+	// within the bound after that is no violation, a later one is.
+	for _, grantAt := range []int{2500, 4000} {
+		h := newHist()
+		h.grant("a", "k", 0, 1, 2000, 1) // never released
+		h.grant("b", "k", 2, grantAt, 9000, 2)
+		if grantAt < 3000 {
+			want(t, h, check.Options{Progress: time.Second})
+		} else {
+			want(t, h, check.Options{Progress: time.Second}, check.Liveness)
+		}
+	}
+
+	// An acquire that fails as unavailable outside a fault window.
+	h = newHist()
+	h.h.Add(check.Op{Kind: check.Acquire, Client: "b", Key: "k", Wait: true, Start: h.t(0), End: h.t(10), Err: fmt.Errorf("acquire: %w", dlock.ErrUnavailable)})
+	want(t, h, check.Options{Progress: time.Second}, check.Liveness)
+	h.h.Fault("server down", h.t(5), h.t(20))
+	want(t, h, check.Options{Progress: time.Second})
+}
+
