@@ -232,4 +232,3 @@ func TestLivenessCaught(t *testing.T) {
 	h.h.Fault("server down", h.t(5), h.t(20))
 	want(t, h, check.Options{Progress: time.Second})
 }
-
