@@ -1,0 +1,270 @@
+package matrix_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+	goredis "github.com/redis/go-redis/v9"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/etcd"
+	"github.com/dlock-go/dlock/redis"
+	"github.com/dlock-go/dlock/redlock"
+	"github.com/dlock-go/dlock/zookeeper"
+)
+
+// The backends, as the matrix's columns.
+const (
+	bRedis     = "Redis"
+	bRedlock   = "Redlock"
+	bEtcd      = "etcd"
+	bZooKeeper = "ZooKeeper"
+)
+
+// backend is one column: how to start its servers.
+type backend struct {
+	name  string
+	nodes int // servers in a deployment
+	start func(t *testing.T, o deployOptions) *deployment
+}
+
+// deployOptions varies a deployment for a scenario.
+type deployOptions struct {
+	// redisArgs are extra redis-server arguments (Redis and Redlock), e.g.
+	// persistence settings.
+	redisArgs []string
+	// faketime runs the Redis servers under libfaketime, so that
+	// Server.ShiftClock can move their clocks (Redis and Redlock).
+	faketime bool
+}
+
+// deployment is a running set of servers for one cell.
+type deployment struct {
+	servers []*servers.Server // every node, in the order of addrs
+	// url returns the dlock.Open URL over addrs (one per server).
+	url func(addrs []string) string
+	// leader returns the server whose crash matters most: the only Redis,
+	// Redlock's first node, the etcd or ZooKeeper leader (found by asking
+	// the servers, never assumed).
+	leader func(ctx context.Context) (*servers.Server, error)
+	// expire makes the servers drop the lock on key now, as an expiry
+	// would.
+	expire func(ctx context.Context, key string) error
+}
+
+// addrs returns the servers' addresses.
+func (d *deployment) addrs() []string {
+	var as []string
+	for _, s := range d.servers {
+		as = append(as, s.Addr())
+	}
+	return as
+}
+
+var backends = []*backend{
+	{name: bRedis, nodes: 1, start: func(t *testing.T, o deployOptions) *deployment {
+		ss := startRedis(t, 1, o)
+		return &deployment{
+			servers: ss,
+			url:     func(a []string) string { return "redis://" + a[0] },
+			leader:  func(context.Context) (*servers.Server, error) { return ss[0], nil },
+			expire:  redisExpire(t, ss, redis.DefaultPrefix),
+		}
+	}},
+	{name: bRedlock, nodes: 5, start: func(t *testing.T, o deployOptions) *deployment {
+		ss := startRedis(t, 5, o)
+		return &deployment{
+			servers: ss,
+			url:     func(a []string) string { return "redlock://" + strings.Join(a, ",") },
+			leader:  func(context.Context) (*servers.Server, error) { return ss[0], nil },
+			expire:  redisExpire(t, ss, redlock.DefaultPrefix),
+		}
+	}},
+	{name: bEtcd, nodes: 3, start: func(t *testing.T, _ deployOptions) *deployment {
+		c, err := servers.StartEtcd(t.Context(), 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Terminate(context.WithoutCancel(t.Context())) })
+		admin, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = admin.Close() })
+		return &deployment{
+			servers: c.Members,
+			url:     func(a []string) string { return "etcd://" + strings.Join(a, ",") },
+			leader: func(ctx context.Context) (*servers.Server, error) {
+				return awaitLeader(ctx, c.Members, func(ctx context.Context, s *servers.Server) (bool, error) {
+					st, err := admin.Status(ctx, s.Addr())
+					if err != nil {
+						return false, err
+					}
+					return st.Header.MemberId == st.Leader, nil
+				})
+			},
+			expire: func(ctx context.Context, key string) error {
+				// Revoke the lease of every entry in the key's queue.
+				dir := etcd.DefaultPrefix + strings.NewReplacer("%", "%25", "/", "%2F").Replace(key) + "/"
+				resp, err := admin.Get(ctx, dir, clientv3.WithPrefix())
+				if err != nil {
+					return err
+				}
+				for _, kv := range resp.Kvs {
+					if _, err := admin.Revoke(ctx, clientv3.LeaseID(kv.Lease)); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+						return err
+					}
+				}
+				return nil
+			},
+		}
+	}},
+	{name: bZooKeeper, nodes: 3, start: func(t *testing.T, _ deployOptions) *deployment {
+		e, err := servers.StartZooKeeper(t.Context(), 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.Terminate(context.WithoutCancel(t.Context())) })
+		admin, _, err := zk.Connect(e.Servers(), 10*time.Second, zk.WithLogger(zkQuiet{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(admin.Close)
+		return &deployment{
+			servers: e.Members,
+			// The session timeout bounds how long a dead holder keeps the
+			// key; 4s is twice the test servers' tick.
+			url: func(a []string) string { return "zk://" + strings.Join(a, ",") + "?session_timeout=4s" },
+			leader: func(ctx context.Context) (*servers.Server, error) {
+				return awaitLeader(ctx, e.Members, func(_ context.Context, s *servers.Server) (bool, error) {
+					mode, err := zkMode(s.Addr())
+					return mode == "leader", err
+				})
+			},
+			expire: func(ctx context.Context, key string) error {
+				// Delete every node in the key's queue (the holder's
+				// first). Matrix keys need no encoding.
+				parent := zookeeper.DefaultPrefix + "/" + key
+				kids, _, err := admin.Children(parent)
+				if errors.Is(err, zk.ErrNoNode) {
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+				for _, k := range kids {
+					if err := admin.Delete(parent+"/"+k, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+						return err
+					}
+				}
+				return nil
+			},
+		}
+	}},
+}
+
+// startRedis starts n Redis servers for one cell, terminated when it ends.
+func startRedis(t *testing.T, n int, o deployOptions) []*servers.Server {
+	t.Helper()
+	var (
+		ss  []*servers.Server
+		err error
+	)
+	if o.faketime {
+		ss, err = servers.StartRedisFaketime(t.Context(), n, o.redisArgs...)
+	} else {
+		ss, err = servers.StartRedisWithArgs(t.Context(), n, o.redisArgs...)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range ss {
+		t.Cleanup(func() { _ = s.Terminate(context.WithoutCancel(t.Context())) })
+	}
+	return ss
+}
+
+// redisExpire deletes the lock key of key (under prefix) on every server.
+func redisExpire(t *testing.T, ss []*servers.Server, prefix string) func(context.Context, string) error {
+	var cs []*goredis.Client
+	for _, s := range ss {
+		c := goredis.NewClient(&goredis.Options{Addr: s.Addr(), MaxRetries: -1})
+		t.Cleanup(func() { _ = c.Close() })
+		cs = append(cs, c)
+	}
+	return func(ctx context.Context, key string) error {
+		var errs []error
+		for _, c := range cs {
+			errs = append(errs, c.Del(ctx, prefix+"{"+key+"}").Err())
+		}
+		return errors.Join(errs...)
+	}
+}
+
+// awaitLeader polls the servers until exactly one says it leads (servers
+// that do not answer, such as a killed one, are skipped) and returns it.
+func awaitLeader(ctx context.Context, ss []*servers.Server, leads func(context.Context, *servers.Server) (bool, error)) (*servers.Server, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var last error
+	for {
+		var found []*servers.Server
+		for _, s := range ss {
+			sctx, scancel := context.WithTimeout(ctx, time.Second)
+			ok, err := leads(sctx, s)
+			scancel()
+			if err != nil {
+				last = err
+			}
+			if ok {
+				found = append(found, s)
+			}
+		}
+		if len(found) == 1 {
+			return found[0], nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("no single leader among %d servers: %w (last error: %v)", len(ss), ctx.Err(), last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// zkMode asks a ZooKeeper server for its mode with the four-letter word
+// srvr: "leader", "follower" or "standalone".
+func zkMode(addr string) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("srvr")); err != nil {
+		return "", err
+	}
+	out, err := io.ReadAll(c)
+	if err != nil {
+		return "", err
+	}
+	for line := range strings.Lines(string(out)) {
+		if mode, ok := strings.CutPrefix(line, "Mode: "); ok {
+			return strings.TrimSpace(mode), nil
+		}
+	}
+	return "", fmt.Errorf("srvr on %s: no mode in %q", addr, out)
+}
+
+// zkQuiet drops the zk client's log lines.
+type zkQuiet struct{}
+
+func (zkQuiet) Printf(string, ...any) {}

@@ -1,0 +1,19 @@
+// Package matrix holds the fault matrix: one workload, recorded and checked
+// by [github.com/dlock-go/dlock/conformance/check], run under the same
+// faults against every backend on real servers (Redis, Redlock over five
+// Redis masters, a three-member etcd cluster, a three-server ZooKeeper
+// ensemble), with the faults injected through
+// [github.com/dlock-go/dlock/conformance/servers] (kill -9 and restart,
+// SIGSTOP, a blackholing or slow TCP proxy, a server clock shifted with
+// libfaketime) and a paused child process.
+//
+// Each cell (backend, fault) has an outcome expected from the backend's
+// Guarantees: "safe" (no violation), "violation" (the unsafety the
+// guarantees admit, demonstrated) or "unavailable" (the lock refused
+// service cleanly and no property broke). TestMatrix fails when an
+// observed outcome differs, and when the table in the README's "Redis,
+// Redlock, etcd or ZooKeeper?" section differs from the observed matrix.
+// `make matrix` runs it and rewrites that table.
+//
+// The package has only tests; it is not imported by the library.
+package matrix

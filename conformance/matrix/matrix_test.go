@@ -1,0 +1,377 @@
+package matrix_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance/check"
+	"github.com/dlock-go/dlock/conformance/servers"
+)
+
+// childEnv, when set to a name in children, makes the test binary that
+// child process (a client the matrix can SIGSTOP) instead of running tests.
+const childEnv = "DLOCK_MATRIX_CHILD"
+
+// children are the child processes a scenario can start (see childEnv).
+var children = map[string]func() int{}
+
+func TestMain(m *testing.M) {
+	if name := os.Getenv(childEnv); name != "" {
+		run, ok := children[name]
+		if !ok {
+			fmt.Fprintf(os.Stderr, "%s=%q: no such child\n", childEnv, name)
+			os.Exit(2)
+		}
+		os.Exit(run())
+	}
+	servers.Main(m)
+}
+
+// outcome is what a cell shows.
+type outcome string
+
+const (
+	safe        outcome = "safe"
+	violation   outcome = "violation"
+	unavailable outcome = "unavailable"
+	notRun      outcome = "" // the scenario does not apply to the backend
+)
+
+// expectation is a cell's expected outcome and, for a violation or an
+// unavailability, why the backend's Guarantees admit it (one sentence,
+// printed under the README table).
+type expectation struct {
+	outcome outcome
+	why     string
+}
+
+// scenario is one row of the matrix: a fault and the workload around it.
+type scenario struct {
+	order int    // row position
+	name  string // subtest name
+	row   string // the README row label
+	// applies reports whether the scenario runs on backend b.
+	applies func(b *backend) bool
+	// expect derives the expected outcome from the backend's Guarantees
+	// (g) and the fault; b only says which deployment it runs on.
+	expect func(b *backend, g dlock.Guarantees) expectation
+	// run runs the workload and the fault, recording into e.h. It may mark
+	// e.unavailable. The history is checked when it returns.
+	run func(t *testing.T, e *env)
+}
+
+var (
+	scenariosMu sync.Mutex
+	scenarios   []*scenario
+)
+
+// register adds a scenario (from an init function of its file).
+func register(s *scenario) {
+	scenariosMu.Lock()
+	defer scenariosMu.Unlock()
+	scenarios = append(scenarios, s)
+	slices.SortFunc(scenarios, func(a, b *scenario) int { return a.order - b.order })
+}
+
+// all applies to every backend.
+func all(*backend) bool { return true }
+
+// only applies to the backends named.
+func only(names ...string) func(*backend) bool {
+	return func(b *backend) bool { return slices.Contains(names, b.name) }
+}
+
+// cell is one observed (backend, scenario) result.
+type cell struct {
+	got, want expectation
+	detail    string // the violations or the unavailability seen
+}
+
+// TestMatrix runs every scenario on every backend it applies to, backends
+// in parallel and a backend's scenarios one after another, each on fresh
+// servers; then compares the observed matrix with the README.
+func TestMatrix(t *testing.T) {
+	if os.Getenv("DLOCK_TEST_NETWORK") != "host" {
+		msg := "the fault matrix needs host networking (DLOCK_TEST_NETWORK=host): restarted servers must keep their ports and Sentinel announces host addresses"
+		if os.Getenv("DLOCK_REQUIRE_SERVERS") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	var (
+		mu    sync.Mutex
+		cells = map[string]map[string]cell{} // scenario name → backend name → cell
+	)
+	t.Run("cells", func(t *testing.T) {
+		for _, b := range backends {
+			t.Run(b.name, func(t *testing.T) {
+				t.Parallel()
+				for _, s := range scenarios {
+					if !s.applies(b) {
+						continue
+					}
+					t.Run(s.name, func(t *testing.T) {
+						c := runCell(t, b, s)
+						mu.Lock()
+						if cells[s.name] == nil {
+							cells[s.name] = map[string]cell{}
+						}
+						cells[s.name][b.name] = c
+						mu.Unlock()
+					})
+				}
+			})
+		}
+	})
+	if t.Failed() || t.Skipped() {
+		return
+	}
+	if n := countCells(); len(cellsFlat(cells)) != n {
+		t.Logf("a subset of the matrix ran (%d of %d cells): the README is not compared", len(cellsFlat(cells)), n)
+		return
+	}
+	compareREADME(t, renderTable(cells))
+}
+
+func countCells() int {
+	n := 0
+	for _, s := range scenarios {
+		for _, b := range backends {
+			if s.applies(b) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func cellsFlat(cells map[string]map[string]cell) []cell {
+	var out []cell
+	for _, bs := range cells {
+		for _, c := range bs {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// runCell runs scenario s on backend b and checks the outcome against the
+// expectation.
+func runCell(t *testing.T, b *backend, s *scenario) cell {
+	e := newEnv(t, b)
+	s.run(t, e)
+	if t.Failed() {
+		t.FailNow()
+	}
+	e.stopAll()
+	vs := check.Check(e.h, check.Options{Progress: e.progress})
+	var safety, live []check.Violation
+	for _, v := range vs {
+		if v.Property.Safety() {
+			safety = append(safety, v)
+		} else {
+			live = append(live, v)
+		}
+	}
+	want := s.expect(b, e.guarantees())
+	c := cell{want: want}
+	switch {
+	case len(safety) > 0:
+		c.got = expectation{outcome: violation, why: properties(safety)}
+		c.detail = check.Summary(firstN(safety, 5))
+	case e.unavailable != "":
+		c.got = expectation{outcome: unavailable}
+		c.detail = e.unavailable
+	default:
+		c.got = expectation{outcome: safe}
+	}
+	grants, writes := e.counts()
+	t.Logf("observed %s (%d grants, %d register writes accepted); expected %s", c.got.outcome, grants, writes, want.outcome)
+	if c.detail != "" {
+		t.Logf("%s", c.detail)
+	}
+	if len(live) > 0 {
+		t.Errorf("liveness: a lock that is up must make progress:\n%s", check.Summary(firstN(live, 5)))
+	}
+	if c.got.outcome != want.outcome {
+		switch {
+		case want.outcome == violation:
+			t.Errorf("expected the documented unsafety (%s) to show, observed %s: the scenario is too weak", want.why, c.got.outcome)
+		default:
+			t.Errorf("expected %s, observed %s: %s", want.outcome, c.got.outcome, c.got.why)
+		}
+	}
+	if grants == 0 {
+		t.Errorf("no lease was granted: the scenario exercised nothing")
+	}
+	return c
+}
+
+func firstN(vs []check.Violation, n int) []check.Violation { return vs[:min(n, len(vs))] }
+
+// properties lists the distinct properties of vs, in a fixed order.
+func properties(vs []check.Violation) string {
+	var ps []string
+	for _, p := range []check.Property{check.MutualExclusion, check.TokenOrder, check.LostUpdate, check.StaleWrite} {
+		if slices.ContainsFunc(vs, func(v check.Violation) bool { return v.Property == p }) {
+			ps = append(ps, string(p))
+		}
+	}
+	return strings.Join(ps, ", ")
+}
+
+// env is one cell's run: its servers (started on first use), its history,
+// and the fenced register its clients write.
+type env struct {
+	t   *testing.T
+	b   *backend
+	h   *check.History
+	reg *check.Register
+	key string
+	// ttl is the lease time the workload uses; progress is the liveness
+	// bound of the check.
+	ttl, progress time.Duration
+	// unavailable, set by a scenario, says how the lock refused service
+	// cleanly during the fault (no grant, only clean errors).
+	unavailable string
+
+	mu    sync.Mutex
+	d     *deployment
+	stops []func()
+}
+
+func newEnv(t *testing.T, b *backend) *env {
+	h := check.NewHistory()
+	key := "matrix-" + strings.ReplaceAll(t.Name(), "/", "-")
+	return &env{t: t, b: b, h: h, reg: check.NewRegister(h, key), key: key, ttl: 2 * time.Second, progress: 10 * time.Second}
+}
+
+// deployment returns the backend's servers, starting the default
+// deployment on first use.
+func (e *env) deployment() *deployment {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.d == nil {
+		e.d = e.b.start(e.t, deployOptions{})
+	}
+	return e.d
+}
+
+// deploy starts the backend's servers with o; call it before any other use
+// of the deployment.
+func (e *env) deploy(o deployOptions) *deployment {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.d != nil {
+		e.t.Fatal("deploy after the deployment was started")
+	}
+	e.d = e.b.start(e.t, o)
+	return e.d
+}
+
+// guarantees returns the Guarantees of a Locker on the deployment.
+func (e *env) guarantees() dlock.Guarantees {
+	return e.locker().Guarantees()
+}
+
+// locker returns a new Locker over the deployment's servers, as a separate
+// process would have, closed when the cell ends.
+func (e *env) locker() *dlock.Locker {
+	return e.lockerAt(e.deployment().addrs())
+}
+
+// lockerAt returns a new Locker over addrs (the servers' addresses or
+// proxies in front of them, in the order of the deployment's servers).
+func (e *env) lockerAt(addrs []string) *dlock.Locker {
+	e.t.Helper()
+	u := e.deployment().url(addrs)
+	ctx, cancel := context.WithTimeout(e.t.Context(), 30*time.Second)
+	defer cancel()
+	l, err := dlock.Open(ctx, u)
+	if err != nil {
+		e.t.Fatalf("Open(%s): %v", u, err)
+	}
+	e.t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+// proxies puts a servers.Proxy in front of every server of the deployment
+// and returns them (closed when the cell ends) with their addresses.
+func (e *env) proxies() ([]*servers.Proxy, []string) {
+	e.t.Helper()
+	var ps []*servers.Proxy
+	var addrs []string
+	for _, a := range e.deployment().addrs() {
+		p, err := servers.NewProxy(a)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		e.t.Cleanup(func() { _ = p.Close() })
+		ps = append(ps, p)
+		addrs = append(addrs, p.Addr())
+	}
+	return ps, addrs
+}
+
+// goStop runs fn in a goroutine until stop is closed; stopAll (called
+// before the check) closes stop and waits for every fn to return.
+func (e *env) goStop(fn func(stop <-chan struct{})) {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn(stop)
+	}()
+	e.mu.Lock()
+	e.stops = append(e.stops, func() { close(stop); <-done })
+	e.mu.Unlock()
+}
+
+func (e *env) stopAll() {
+	e.mu.Lock()
+	stops := e.stops
+	e.stops = nil
+	e.mu.Unlock()
+	for _, s := range stops {
+		s()
+	}
+}
+
+// counts returns the grants and the accepted register writes recorded.
+func (e *env) counts() (grants, writes int) {
+	for _, op := range e.h.Ops() {
+		switch {
+		case op.Granted():
+			grants++
+		case op.Kind == check.Write && op.Accepted:
+			writes++
+		}
+	}
+	return grants, writes
+}
+
+// cycle is one client step: acquire the key (waiting up to wait), update
+// the register for hold, release. It returns the lease's acquire error.
+func (e *env) cycle(ctx context.Context, client string, l *dlock.Locker, o *dlock.AcquireOptions, wait, hold time.Duration) error {
+	actx, cancel := context.WithTimeout(ctx, wait)
+	le, err := e.h.Acquire(actx, client, l, e.key, o)
+	cancel()
+	if err != nil {
+		return err
+	}
+	e.reg.Update(ctx, le, hold)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := le.Release(rctx); err != nil && !errors.Is(err, dlock.ErrNotHeld) && !errors.Is(err, dlock.ErrLeaseLost) && !errors.Is(err, dlock.ErrUnavailable) {
+		e.t.Errorf("%s: Release: %v", client, err)
+	}
+	return nil
+}
