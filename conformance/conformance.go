@@ -20,10 +20,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,6 +29,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/conformance/check"
 )
 
 // Harness gives the suite access to one backend on real (or in-process)
@@ -296,41 +295,25 @@ func (s *suite) acquireWakesOnRelease(t *testing.T) {
 func (s *suite) mutualExclusion(t *testing.T) {
 	const lockers, perLocker, rounds = 4, 4, 10
 	k := key(t)
-	var (
-		inside atomic.Int32
-		// Read and written in separate steps, so that only the lock
-		// makes the increment whole. (Atomic loads and stores keep the
-		// race detector quiet: it cannot see the ordering a network
-		// round trip gives.)
-		counter atomic.Int64
-		last    atomic.Uint64
-		wg      sync.WaitGroup
-	)
-	for range lockers {
+	h := check.NewHistory()
+	reg := check.NewRegister(h, k)
+	var wg sync.WaitGroup
+	for i := range lockers {
 		l := s.locker(t)
-		for range perLocker {
+		for j := range perLocker {
+			client := fmt.Sprintf("l%d.%d", i, j)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				for range rounds {
-					le, err := l.Acquire(t.Context(), k, &dlock.AcquireOptions{TTL: 30 * time.Second})
+					le, err := h.Acquire(t.Context(), client, l, k, &dlock.AcquireOptions{TTL: 30 * time.Second})
 					if err != nil {
 						t.Errorf("Acquire: %v", err)
 						return
 					}
-					if n := inside.Add(1); n != 1 {
-						t.Errorf("%d holders at once", n)
-					}
-					if s.g.Fencing != dlock.FencingNone {
-						if prev := last.Load(); uint64(le.Token()) <= prev {
-							t.Errorf("token %d after %d: not strictly increasing", le.Token(), prev)
-						}
-						last.Store(uint64(le.Token()))
-					}
-					v := counter.Load()
-					runtime.Gosched()
-					counter.Store(v + 1)
-					inside.Add(-1)
+					// Read and written in separate steps, so that only
+					// the lock makes the increment whole.
+					reg.Update(t.Context(), le, 0)
 					if err := le.Release(t.Context()); err != nil {
 						t.Errorf("Release: %v", err)
 						return
@@ -340,8 +323,34 @@ func (s *suite) mutualExclusion(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	if got, want := counter.Load(), int64(lockers*perLocker*rounds); got != want {
-		t.Errorf("counter = %d, want %d: increments were lost", got, want)
+	s.checkHistory(t, h, lockers*perLocker*rounds)
+}
+
+// checkHistory fails t for every violation the checker finds in h (token
+// order only where the backend issues tokens), and when fewer than
+// minWrites register writes were accepted.
+func (s *suite) checkHistory(t *testing.T, h *check.History, minWrites int) {
+	t.Helper()
+	accepted := 0
+	for _, op := range h.Ops() {
+		if op.Kind == check.Write && op.Accepted {
+			accepted++
+		}
+	}
+	n := 0
+	for _, v := range check.Check(h, check.Options{Progress: slack}) {
+		if s.g.Fencing == dlock.FencingNone && v.Property != check.MutualExclusion && v.Property != check.Liveness {
+			continue // no tokens: only exclusion and progress are promised
+		}
+		if n++; n <= 10 {
+			t.Error(v)
+		}
+	}
+	if n > 10 {
+		t.Errorf("… and %d more violations", n-10)
+	}
+	if accepted < minWrites {
+		t.Errorf("%d register writes accepted, want at least %d", accepted, minWrites)
 	}
 }
 
@@ -870,48 +879,6 @@ func (s *suite) leakChecked(t *testing.T, fn func(a, b *dlock.Locker)) {
 	fn(ls[0], ls[1])
 }
 
-// register is a fenced register, as a resource that checks tokens would be:
-// every read and write carries the holder's token and is refused if a
-// higher token has been seen. It records its history for check.
-type register struct {
-	mu       sync.Mutex
-	highest  dlock.Token
-	value    int
-	accepted int
-	rejected int
-	errs     []string
-}
-
-// read returns the value, or false if token is stale.
-func (r *register) read(token dlock.Token) (int, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if token < r.highest {
-		r.rejected++
-		return 0, false
-	}
-	r.highest = token
-	return r.value, true
-}
-
-// write sets the value to v+1 for a writer that read v, if token is not
-// stale. An accepted write that read an older value than the current one is
-// a lost update.
-func (r *register) write(token dlock.Token, read int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if token < r.highest {
-		r.rejected++
-		return
-	}
-	r.highest = token
-	if read != r.value {
-		r.errs = append(r.errs, fmt.Sprintf("lost update: the write of token %d read %d, but %d had been written since", token, read, r.value))
-	}
-	r.value = read + 1
-	r.accepted++
-}
-
 // mutualExclusionUnderExpiry: holders contend while the server drops the
 // lock (Expire) at random moments during their critical sections, so that a
 // holder goes on after another was granted the lock. A backend cannot stop
@@ -926,12 +893,12 @@ func (s *suite) mutualExclusionUnderExpiry(t *testing.T) {
 	k := key(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	reg := &register{}
+	h := check.NewHistory()
+	reg := check.NewRegister(h, k)
 	var (
-		mu     sync.Mutex
-		tokens = map[dlock.Token]int{} // grants per token
-		lost   int                     // acquires that failed as the expiry hit a waiter
-		wg     sync.WaitGroup
+		mu   sync.Mutex
+		lost int // acquires that failed as the expiry hit a waiter
+		wg   sync.WaitGroup
 	)
 	stop := make(chan struct{})
 	expired := make(chan int)
@@ -944,21 +911,24 @@ func (s *suite) mutualExclusionUnderExpiry(t *testing.T) {
 				return
 			case <-time.After(time.Duration(5+rand.IntN(25)) * time.Millisecond):
 			}
+			begin := time.Now()
 			if err := s.h.Expire(ctx, k); err != nil && ctx.Err() == nil {
 				t.Errorf("Expire: %v", err)
 				return
 			}
+			h.Expire(k, begin, time.Now())
 			n++
 		}
 	}()
-	for range lockers {
+	for i := range lockers {
 		l := s.locker(t)
-		for range perLocker {
+		for j := range perLocker {
+			client := fmt.Sprintf("l%d.%d", i, j)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				for done := 0; done < rounds; {
-					le, err := l.Acquire(ctx, k, &dlock.AcquireOptions{TTL: 30 * time.Second})
+					le, err := h.Acquire(ctx, client, l, k, &dlock.AcquireOptions{TTL: 30 * time.Second})
 					if err != nil {
 						// A queued waiter's own lease or node was
 						// dropped too: it gives up, and tries again.
@@ -972,13 +942,7 @@ func (s *suite) mutualExclusionUnderExpiry(t *testing.T) {
 						return
 					}
 					done++
-					mu.Lock()
-					tokens[le.Token()]++
-					mu.Unlock()
-					if v, ok := reg.read(le.Token()); ok {
-						time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
-						reg.write(le.Token(), v)
-					}
+					reg.Update(ctx, le, time.Duration(rand.IntN(3000))*time.Microsecond)
 					if err := le.Release(ctx); err != nil && !errors.Is(err, dlock.ErrNotHeld) {
 						t.Errorf("Release: %v", err)
 						return
@@ -990,20 +954,8 @@ func (s *suite) mutualExclusionUnderExpiry(t *testing.T) {
 	wg.Wait()
 	close(stop)
 	n := <-expired
-	for tok, grants := range tokens {
-		if grants > 1 {
-			t.Errorf("token %d was given to %d grants; a fenced resource cannot tell their holders apart", tok, grants)
-		}
-	}
-	reg.mu.Lock()
-	defer reg.mu.Unlock()
-	for _, e := range reg.errs {
-		t.Error(e)
-	}
-	if reg.accepted == 0 {
-		t.Errorf("no write was accepted")
-	}
-	t.Logf("%d expiries injected; %d writes accepted, %d stale reads or writes refused; %d waiters dropped", n, reg.accepted, reg.rejected, lost)
+	s.checkHistory(t, h, 1)
+	t.Logf("%d expiries injected; %d waiters dropped", n, lost)
 }
 
 // closeWithQueuedWaiters: Close ends the Locker's waiting acquires with

@@ -74,7 +74,7 @@ type checker struct {
 
 // at formats t relative to the history's start.
 func (c *checker) at(t time.Time) string {
-	return fmt.Sprintf("+%.3fs", t.Sub(c.begin).Seconds())
+	return "+" + t.Sub(c.begin).Round(time.Microsecond).String()
 }
 
 func (c *checker) add(p Property, a, b Op, format string, args ...any) {
@@ -120,7 +120,7 @@ func (c *checker) index() {
 			}
 		case Expire:
 			for _, l := range c.leases[op.Key] {
-				if l.start.Before(op.Start) {
+				if l.acq.Start.Before(op.End) {
 					cut(l, op.Start, "expired by the server")
 				}
 			}
@@ -164,17 +164,27 @@ func earlier(x, y time.Time) time.Time {
 	return x
 }
 
+// tokenOrder: b must have a larger token than a when b's acquire was
+// invoked after a's returned (b's grant came later on the server), or when
+// both leases were valid for a while and b's validity began after a's
+// ended (on a lock that keeps mutual exclusion, a's grant then came first:
+// had b's come first, b's lock would have been held or dropped before a's
+// grant, and b's validity would have ended before a's began).
 func (c *checker) tokenOrder() {
 	for _, key := range sortedKeys(c.leases) {
 		ls := c.leases[key]
 		for _, a := range ls {
 			for _, b := range ls {
-				if a == b || a.acq.Token == 0 || b.acq.Token == 0 || !b.acq.Start.After(a.acq.End) {
+				if a == b || a.acq.Token == 0 || b.acq.Token == 0 || b.acq.Token > a.acq.Token {
 					continue
 				}
-				if b.acq.Token <= a.acq.Token {
+				switch {
+				case b.acq.Start.After(a.acq.End):
 					c.add(TokenOrder, a.acq, b.acq, "key %q: acquire #%d (%s) returned token %d at %s; acquire #%d (%s), invoked later at %s, got token %d",
 						key, a.acq.ID, a.acq.Client, a.acq.Token, c.at(a.acq.End), b.acq.ID, b.acq.Client, c.at(b.acq.Start), b.acq.Token)
+				case a.start.Before(a.end) && b.start.Before(b.end) && !b.start.Before(a.end):
+					c.add(TokenOrder, a.acq, b.acq, "key %q: %s ended before %s began, but its token is not smaller",
+						key, c.describe(a), c.describe(b))
 				}
 			}
 		}

@@ -8,8 +8,9 @@
 //     valid at once, where a lease is valid from its acquire's return until
 //     the first of its Deadline, its Done, its release being invoked, and an
 //     injected expiry of its key;
-//   - token order: an acquire invoked after another returned gets a
-//     strictly larger token (per key);
+//   - token order (per key): an acquire invoked after another returned
+//     gets a strictly larger token, and so does a lease whose validity
+//     began after another's ended;
 //   - the fenced register: no lost update (every accepted write read the
 //     value of the previous accepted write) and no accepted write whose
 //     token is lower than or equal to another lease's accepted token;
@@ -57,8 +58,9 @@ const (
 	// writes. Deadline is the lease's Deadline when the write was made
 	// (zero if unknown).
 	Write
-	// Expire is a fault that made the server drop the lock on Key at
-	// Start (a lease granted before it is no longer valid).
+	// Expire is a fault that made the server drop the lock on Key, by a
+	// call made from Start to End: a lease whose acquire was invoked
+	// before End is valid at most until Start.
 	Expire
 	// Fault is a window [Start, End] in which a fault may stop progress
 	// (a server down, a holder paused with the lock). Name says which.
@@ -143,9 +145,11 @@ func (h *History) Ops() []Op {
 	return append([]Op(nil), h.ops...)
 }
 
-// Expire records that the server was made to drop the lock on key at at.
-func (h *History) Expire(key string, at time.Time) {
-	h.Add(Op{Kind: Expire, Key: key, Start: at, End: at})
+// Expire records that the server was made to drop the lock on key by a
+// call made from start to end. Any lease whose acquire was invoked before
+// end may have been dropped: its validity ends at start.
+func (h *History) Expire(key string, start, end time.Time) {
+	h.Add(Op{Kind: Expire, Key: key, Start: start, End: end})
 }
 
 // Fault records a fault window named name from start to end, in which

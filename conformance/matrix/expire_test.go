@@ -51,14 +51,13 @@ func init() {
 			for time.Now().Before(end) {
 				time.Sleep(time.Duration(10+rand.IntN(40)) * time.Millisecond)
 				ectx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				begin := time.Now()
 				err := e.deployment().expire(ectx, e.key)
 				cancel()
 				if err != nil {
 					t.Fatalf("expire: %v", err)
 				}
-				// Recorded when the call returned: a lease granted before
-				// then may have been dropped.
-				e.h.Expire(e.key, time.Now())
+				e.h.Expire(e.key, begin, time.Now())
 				expired++
 			}
 			t.Logf("%d expiries injected", expired)
