@@ -2,13 +2,18 @@
 
 GO ?= go
 
-.PHONY: test lint bench
+.PHONY: test lint bench matrix
 
 # Run every test against real servers; scripts/test.sh provides Docker and the
 # server images (stand-ins built from Debian packages where none can be pulled).
 # Extra go test arguments: make test ARGS='-run TestX ./redis/'
 test:
 	scripts/test.sh $(ARGS)
+
+# Run the fault matrix (conformance/matrix) and rewrite the README's table
+# with the observed outcomes.
+matrix:
+	DLOCK_MATRIX_UPDATE=1 scripts/test.sh -run TestMatrix -v ./conformance/matrix/
 
 # gofmt, go vet, and a guard: the library's non-test code must not depend on
 # the test server package (conformance/servers, testcontainers-go).
