@@ -142,7 +142,8 @@ var backends = []*backend{
 		return &deployment{
 			servers: e.Members,
 			// The session timeout bounds how long a dead holder keeps the
-			// key; 4s is twice the test servers' tick.
+			// key: 4s keeps cells short and leases of e.ttl (2s) within
+			// it, well above the test servers' 200ms tick.
 			url: func(a []string) string { return "zk://" + strings.Join(a, ",") + "?session_timeout=4s" },
 			leader: func(ctx context.Context) (*servers.Server, error) {
 				return awaitLeader(ctx, e.Members, func(_ context.Context, s *servers.Server) (bool, error) {
