@@ -232,7 +232,8 @@ func (c *checker) register() {
 // liveness: per key, the longest stretch in which some waiting acquire was
 // pending while no lease on the key was valid, outside every fault window,
 // with no grant on the key; and acquires that failed as unavailable outside
-// fault windows. A holder that stops (paused, cut off, crashed) keeps its
+// fault windows (or overlapped by an injected expiry of their key, which
+// may drop a waiter's own state). A holder that stops (paused, cut off, crashed) keeps its
 // key until its lease's validity ends; from then the server must free the
 // key within the bound.
 func (c *checker) liveness() {
@@ -249,7 +250,7 @@ func (c *checker) liveness() {
 	for _, op := range c.ops {
 		if op.Kind == Acquire {
 			byKey[op.Key] = append(byKey[op.Key], op)
-			if op.Err != nil && errUnavailable(op.Err) && !inFault(op.End) {
+			if op.Err != nil && errUnavailable(op.Err) && !inFault(op.End) && !c.expiredDuring(op) {
 				c.add(Liveness, op, Op{}, "acquire #%d (%s) on %q failed at %s outside any fault window: %v",
 					op.ID, op.Client, op.Key, c.at(op.End), op.Err)
 			}
@@ -328,6 +329,17 @@ func (c *checker) liveness() {
 		}
 		flush()
 	}
+}
+
+// expiredDuring reports whether an injected expiry of op's key overlapped
+// op (it may have dropped a queued waiter's own state).
+func (c *checker) expiredDuring(op Op) bool {
+	for _, e := range c.ops {
+		if e.Kind == Expire && e.Key == op.Key && !e.Start.After(op.End) && !e.End.Before(op.Start) {
+			return true
+		}
+	}
+	return false
 }
 
 func sortedKeys[V any](m map[string]V) []string {

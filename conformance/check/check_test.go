@@ -241,4 +241,18 @@ func TestLivenessCaught(t *testing.T) {
 	want(t, h, check.Options{Progress: time.Second}, check.Liveness)
 	h.h.Fault("server down", h.t(5), h.t(20))
 	want(t, h, check.Options{Progress: time.Second})
+
+	// An injected expiry of the key during the acquire excuses it (the
+	// waiter's own state may have been dropped); one of another key does
+	// not.
+	for _, key := range []string{"k", "other"} {
+		h := newHist()
+		h.h.Add(check.Op{Kind: check.Acquire, Client: "b", Key: "k", Wait: true, Start: h.t(0), End: h.t(10), Err: fmt.Errorf("acquire: %w", dlock.ErrUnavailable)})
+		h.h.Expire(key, h.t(4), h.t(6))
+		if key == "k" {
+			want(t, h, check.Options{Progress: time.Second})
+		} else {
+			want(t, h, check.Options{Progress: time.Second}, check.Liveness)
+		}
+	}
 }
