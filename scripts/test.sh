@@ -14,7 +14,9 @@
 #      else builds a stand-in image and tags it with the configured name.
 #      The Redis, ZooKeeper and PostgreSQL stand-ins are made from Debian
 #      packages (debootstrap + docker import; Redis from trixie, 8.0, as
-#      some tests need 7.2 or later; the ZooKeeper one has Debian's
+#      some tests need 7.2 or later, with libfaketime, which
+#      conformance/servers' StartRedisFaketime needs for server clock jumps;
+#      the ZooKeeper one has Debian's
 #      /usr/share/zookeeper/bin, where zkServer.sh is, on its PATH and logs
 #      to the console, as the official image does; the PostgreSQL one has
 #      /usr/lib/postgresql/15/bin, where initdb and postgres are, on its
@@ -352,8 +354,11 @@ step "Checking server images"
 # One line per server kind: image, how to build its stand-in.
 # The Redis stand-in comes from Debian trixie (Redis 8.0): the tests need
 # Redis 7.2 or later, where WAIT counts only the connection's own writes
-# (bookworm has 7.0).
-standin_suite=trixie ensure_image "${DLOCK_REDIS_IMAGE:-redis:7.2}" build_debian_standin redis-server
+# (bookworm has 7.0). It also has Debian's libfaketime
+# (/usr/lib/<arch>/faketime/libfaketimeMT.so.1): conformance/servers'
+# StartRedisFaketime runs redis-server under it to jump the server's clock.
+# A stand-in built without it (an older script's) is built again.
+standin_suite=trixie ensure_image "${DLOCK_REDIS_IMAGE:-redis:7.2}" build_debian_standin redis-server,libfaketime
 ensure_image "${DLOCK_ETCD_IMAGE:-quay.io/coreos/etcd:v3.7.3}" build_etcd_standin
 # Debian's zookeeper package (3.8 in bookworm) brings a JRE and keeps its
 # scripts in /usr/share/zookeeper/bin; conformance/servers runs

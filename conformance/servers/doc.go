@@ -1,6 +1,7 @@
 // Package servers starts real servers in containers for dlock's tests, using
 // testcontainers-go, and gives tests fault controls over them (stop, start,
-// kill, pause).
+// kill, pause; a Redis server's wall clock jump), and a TCP proxy that cuts
+// or slows a client's link to them.
 //
 // Only test files import this package; the library itself never does.
 //
@@ -42,7 +43,17 @@
 // [StartEtcdTLS] starts etcd serving clients over TLS, with a CA made for
 // the cluster; [StartRedisCluster] a cluster-mode Redis owning every hash
 // slot; [StartRedisSentinel] a Redis primary, replica and Sentinel;
-// [StartRedisWithArgs] Redis servers with extra arguments (persistence).
+// [StartRedisWithArgs] Redis servers with extra arguments (persistence);
+// [StartRedisFaketime] Redis servers under libfaketime, whose wall clock
+// [Server.ShiftClock] moves (keys then expire early or late; the image
+// needs Debian's libfaketime, which the stand-in built by scripts/test.sh
+// has, else the error matches [ErrNoFaketime]).
+//
+// A [Proxy] (see [NewProxy]) sits between a client and a server on
+// loopback: [Proxy.Blackhole] partitions them (nothing passes; what was
+// sent is delivered in order on [Proxy.Heal], as TCP retransmits across a
+// healed partition), [Proxy.Delay] adds latency each way. Close it when
+// done; it needs no container, so it works in front of any address.
 //
 // Redis servers are independent of each other. Each member of an etcd
 // cluster is a [Server] too, so the same fault controls apply to it; a member
@@ -98,9 +109,9 @@
 // that runs initdb on the first start and then postgres, as the postgres
 // user), so an image works whether it has an entrypoint (official images) or
 // none at all (stand-in images made with docker import, as scripts/test.sh
-// builds them on machines that cannot pull: Redis, ZooKeeper and PostgreSQL
-// from Debian packages with debootstrap, etcd from the Go module in the
-// etcdserver directory).
+// builds them on machines that cannot pull: Redis (with libfaketime),
+// ZooKeeper and PostgreSQL from Debian packages with debootstrap, etcd from
+// the Go module in the etcdserver directory).
 // Readiness is detected from the server's log, which works in both network
 // modes.
 //

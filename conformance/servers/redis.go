@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	tcexec "github.com/testcontainers/testcontainers-go/exec"
 )
 
 // redisKind: a Redis server without persistence, so that a restart or a
@@ -198,15 +195,7 @@ func (s *Server) redisCLI(ctx context.Context, args ...string) (string, error) {
 	if s.host {
 		port = strconv.Itoa(s.hostPort)
 	}
-	code, r, err := s.c.Exec(ctx, append([]string{"redis-cli", "-p", port}, args...), tcexec.Multiplexed())
-	if err != nil {
-		return "", err
-	}
-	out, err := io.ReadAll(r)
-	if err == nil && code != 0 {
-		err = fmt.Errorf("redis-cli %s: exit status %d: %s", strings.Join(args, " "), code, out)
-	}
-	return string(out), err
+	return s.exec(ctx, append([]string{"redis-cli", "-p", port}, args...)...)
 }
 
 // Redis returns the test package's shared Redis servers, the first n of

@@ -75,6 +75,9 @@ type kind struct {
 	// files are copied into each container before it starts: path in the
 	// container → content (mode 0644).
 	files map[string][]byte
+	// faketime says that the server runs under libfaketime with its
+	// realtime clock offset read from faketimeFile ([Server.ShiftClock]).
+	faketime bool
 }
 
 // literal returns a kind.readyLog for a fixed line.
@@ -111,8 +114,8 @@ func (k *kind) image() string {
 }
 
 // Server is one server running in a container. Its methods are safe for
-// concurrent use, though fault controls (Stop, Start, Kill, Pause, Unpause)
-// are meant to be driven by one test at a time.
+// concurrent use, though fault controls (Stop, Start, Kill, Pause, Unpause,
+// ShiftClock) are meant to be driven by one test at a time.
 type Server struct {
 	kind     *kind
 	c        *testcontainers.DockerContainer

@@ -1,0 +1,7 @@
+package servers
+
+import "context"
+
+// CheckFaketime exposes checkFaketime to the external tests: it fails with
+// ErrNoFaketime on a server without libfaketime loaded.
+func CheckFaketime(ctx context.Context, s *Server) error { return s.checkFaketime(ctx) }
