@@ -142,8 +142,11 @@ func (c *checker) mutualExclusion() {
 	for _, key := range sortedKeys(c.leases) {
 		ls := c.leases[key]
 		for i, a := range ls {
+			if !a.start.Before(a.end) {
+				continue // never valid
+			}
 			for _, b := range ls[i+1:] {
-				if !b.start.Before(a.end) {
+				if !b.start.Before(b.end) || !b.start.Before(a.end) {
 					continue // b starts after a ended (ls is by start)
 				}
 				if !a.start.Before(b.end) {

@@ -134,6 +134,16 @@ func TestRefreshedDeadlineExtends(t *testing.T) {
 	want(t, h, check.Options{}, check.MutualExclusion)
 }
 
+// A lease that was never valid (granted past its Deadline, or cut before
+// its grant returned) overlaps nothing.
+func TestNeverValidOverlapsNothing(t *testing.T) {
+	h := newHist()
+	a := h.grant("a", "k", 0, 10, 1000, 1)
+	h.grant("b", "k", 5, 30, 20, 2) // returned past its Deadline
+	h.release(a, 50)
+	want(t, h, check.Options{})
+}
+
 func TestKeysAreSeparate(t *testing.T) {
 	h := newHist()
 	h.grant("a", "k1", 0, 10, 1000, 1)

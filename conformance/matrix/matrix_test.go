@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/check"
 	"github.com/dlock-go/dlock/conformance/servers"
@@ -106,6 +108,13 @@ func TestMatrix(t *testing.T) {
 		}
 		t.Skip(msg)
 	}
+	// Goroutines of the Docker client (its HTTP connections, reused
+	// across cells) are not the lock's; everything else must be gone
+	// once the cells and their cleanups have run.
+	leaks := []goleak.Option{goleak.IgnoreCurrent(),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait")}
 	var (
 		mu    sync.Mutex
 		cells = map[string]map[string]cell{} // scenario name → backend name → cell
@@ -131,6 +140,9 @@ func TestMatrix(t *testing.T) {
 			})
 		}
 	})
+	if err := goleak.Find(leaks...); err != nil {
+		t.Errorf("goroutines left after the cells: %v", err)
+	}
 	if t.Failed() || t.Skipped() {
 		return
 	}
