@@ -191,18 +191,23 @@ func pauseChild() int {
 		return fail("%v", err)
 	}
 
-	releasing.Store(true)
+	select {
+	case <-le.Done():
+		<-stopped // the reporter has reported it
+	default:
+		releasing.Store(true)
+	}
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	start := time.Now()
 	err = le.Release(rctx)
 	end := time.Now()
 	cancel()
-	send(pauseMsg{Ev: "released", Start: start.UnixNano(), End: end.UnixNano(), Err: errText(err),
-		NotHeld: errors.Is(err, dlock.ErrNotHeld), LeaseLost: errors.Is(err, dlock.ErrLeaseLost), LeaseErr: errText(le.Err())})
+	send(pauseMsg{Ev: "released", Start: start.UnixNano(), End: end.UnixNano(), Err: pauseErrText(err),
+		NotHeld: errors.Is(err, dlock.ErrNotHeld), LeaseLost: errors.Is(err, dlock.ErrLeaseLost), LeaseErr: pauseErrText(le.Err())})
 	return 0
 }
 
-func errText(err error) string {
+func pauseErrText(err error) string {
 	if err == nil {
 		return ""
 	}
@@ -221,7 +226,7 @@ type pausedClient struct {
 	msgs   chan pauseMsg // the child's lines but "deadline" and "lost"
 	quit   chan struct{} // closed at cleanup: the reader stops delivering
 	exited chan error    // the child's exit (cmd.Wait), once stdout ended
-	stderr syncBuffer
+	stderr pauseBuffer
 
 	mu       sync.Mutex
 	askedAt  time.Time // when the parent asked for the lock
@@ -339,7 +344,7 @@ func (c *pausedClient) signal(sig syscall.Signal) {
 	}
 	want := sig == syscall.SIGSTOP
 	for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		stopped, err := processStopped(c.cmd.Process.Pid)
+		stopped, err := pauseStopped(c.cmd.Process.Pid)
 		if err != nil {
 			c.t.Fatalf("child: %v", err)
 		}
@@ -352,9 +357,9 @@ func (c *pausedClient) signal(sig syscall.Signal) {
 	}
 }
 
-// processStopped reports whether process pid is stopped by a signal, from
+// pauseStopped reports whether process pid is stopped by a signal, from
 // the state field of /proc/pid/stat.
-func processStopped(pid int) (bool, error) {
+func pauseStopped(pid int) (bool, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return false, err
@@ -391,6 +396,7 @@ func runClientPause(t *testing.T, e *env) {
 	for range contenders {
 		ls = append(ls, e.locker())
 	}
+	prober := e.locker()
 
 	c.mu.Lock()
 	c.askedAt = time.Now()
@@ -437,7 +443,7 @@ func runClientPause(t *testing.T, e *env) {
 	var taken check.Op
 	for end := time.Now().Add(bound); ; time.Sleep(20 * time.Millisecond) {
 		_, deadline, _ := c.lease()
-		if op, ok := findOp(e.h, func(op check.Op) bool {
+		if op, ok := pauseFind(e.h, func(op check.Op) bool {
 			return op.Kind == check.Write && op.Accepted && op.Token > acq.Token
 		}); ok && time.Now().After(deadline) {
 			taken = op
@@ -453,7 +459,7 @@ func runClientPause(t *testing.T, e *env) {
 	_, before, _ := c.lease()
 	c.signal(syscall.SIGCONT)
 	resumedAt := time.Now()
-	first, _ := findOp(e.h, func(op check.Op) bool { return op.Granted() && op.Client != c.name })
+	first, _ := pauseFind(e.h, func(op check.Op) bool { return op.Granted() && op.Client != c.name })
 	t.Logf("paused %v (lease TTL %v); the lease's last Deadline before the pause was %v after pausing; a contender was granted %v after it (token %d), and wrote the register with token %d",
 		resumedAt.Sub(pausedAt).Round(time.Millisecond), acq.TTL, before.Sub(pausedAt).Round(time.Millisecond),
 		first.End.Sub(before).Round(time.Millisecond), first.Token, taken.Token)
@@ -472,13 +478,45 @@ func runClientPause(t *testing.T, e *env) {
 	// key (it holds it for hold): a stale release that freed the key
 	// would let the next contender in during that hold.
 	since := time.Now()
-	if _, ok := awaitOp(e.h, bound, func(op check.Op) bool {
+	if _, ok := pauseAwait(e.h, bound, func(op check.Op) bool {
 		return op.Granted() && op.Client != c.name && op.End.After(since)
 	}); !ok {
 		t.Fatalf("no contender was granted the key within %v after the paused holder resumed", bound)
 	}
+	// A waiter is not woken when a key is deleted behind the holder's
+	// back (Redis waiters sleep until the key's TTL ends): a prober tries
+	// the key all through the release, so that a stale release that freed
+	// it is seen as a grant overlapping the contender's lease.
+	probing := make(chan struct{})
+	probed := make(chan int, 1)
+	e.goStop(func(stop <-chan struct{}) {
+		n := 0
+		defer func() { probed <- n }()
+		for {
+			pctx, cancel := context.WithTimeout(ctx, bound)
+			le, err := e.h.TryAcquire(pctx, "prober", prober, e.key, &dlock.AcquireOptions{TTL: e.ttl})
+			cancel()
+			n++
+			if err == nil {
+				e.reg.Update(ctx, le, 0)
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+				_ = le.Release(rctx)
+				cancel()
+			}
+			select {
+			case <-probing:
+				return
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	})
 	c.send(pauseMsg{Ev: "written", OK: accepted})
 	rel := c.await("released", bound)
+	time.Sleep(2 * hold) // the prober goes on for a holder's critical section after the release
+	close(probing)
+	t.Logf("%d probes of the key around the stale release", <-probed)
 	relErr := errors.New(rel.Err)
 	switch {
 	case rel.NotHeld:
@@ -509,7 +547,7 @@ func runClientPause(t *testing.T, e *env) {
 	// A few more handoffs after the stale release, for the checker.
 	since = time.Now()
 	for range contenders {
-		op, ok := awaitOp(e.h, bound, func(op check.Op) bool { return op.Granted() && op.End.After(since) })
+		op, ok := pauseAwait(e.h, bound, func(op check.Op) bool { return op.Granted() && op.End.After(since) })
 		if !ok {
 			t.Fatalf("no contender was granted the key within %v after the paused holder's release", bound)
 		}
@@ -517,8 +555,8 @@ func runClientPause(t *testing.T, e *env) {
 	}
 }
 
-// findOp returns the first op of h that matches.
-func findOp(h *check.History, match func(check.Op) bool) (check.Op, bool) {
+// pauseFind returns the first op of h that matches.
+func pauseFind(h *check.History, match func(check.Op) bool) (check.Op, bool) {
 	for _, op := range h.Ops() {
 		if match(op) {
 			return op, true
@@ -527,10 +565,10 @@ func findOp(h *check.History, match func(check.Op) bool) (check.Op, bool) {
 	return check.Op{}, false
 }
 
-// awaitOp polls h until an op matches, for up to d.
-func awaitOp(h *check.History, d time.Duration, match func(check.Op) bool) (check.Op, bool) {
+// pauseAwait polls h until an op matches, for up to d.
+func pauseAwait(h *check.History, d time.Duration, match func(check.Op) bool) (check.Op, bool) {
 	for end := time.Now().Add(d); ; time.Sleep(5 * time.Millisecond) {
-		if op, ok := findOp(h, match); ok {
+		if op, ok := pauseFind(h, match); ok {
 			return op, true
 		}
 		if time.Now().After(end) {
@@ -539,21 +577,21 @@ func awaitOp(h *check.History, d time.Duration, match func(check.Op) bool) (chec
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent use (the child's
+// pauseBuffer is a bytes.Buffer safe for concurrent use (the child's
 // stderr, copied by os/exec while the test may read it).
-type syncBuffer struct {
+type pauseBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
+func (s *pauseBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
 }
 
 // tail returns the last n bytes written.
-func (s *syncBuffer) tail(n int) string {
+func (s *pauseBuffer) tail(n int) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b := s.b.Bytes()
