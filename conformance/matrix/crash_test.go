@@ -1,0 +1,674 @@
+package matrix_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+	goredis "github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance/check"
+	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/internal/redisscript"
+	"github.com/dlock-go/dlock/redis"
+)
+
+// Server crashes (issue 11, fault 2): the server that matters most (the
+// only Redis, one Redlock node, the etcd or ZooKeeper leader, found by
+// asking the servers) is killed with SIGKILL and started again at once,
+// while a victim client holds the lock and contenders keep trying.
+//
+// The victim holds one lease across the whole fault and then writes the
+// fenced register and releases. Its lease is not refreshed: a 10s TTL
+// outlasts the fault, so its Deadline stays where the grant put it and
+// the outcome does not race a watchdog (on Redis, a refresh after the
+// restart would find the key gone and end the lease at a moment that
+// competes with the contenders' grant; without it, a contender granted
+// after the restart always overlaps the victim's lease). Only where the
+// backend caps the TTL below 10s (ZooKeeper: the session timeout, 4s) is
+// the lease refreshed automatically, as a holder there must.
+//
+// Expected: the crash loses the lock's state on the killed server when it
+// keeps it only in memory (Redis and Redlock without persistence, or a
+// Redis whose snapshot predates the grant), on none for etcd and
+// ZooKeeper (a durable log); a violation when that is more servers than
+// the backend tolerates losing.
+func init() {
+	register(&scenario{
+		order:   20,
+		name:    "KillRestart",
+		row:     "server kill -9 and immediate restart (Redis: no persistence; Redlock: one node; etcd, ZooKeeper: the leader)",
+		applies: all,
+		expect:  crashExpect(crashLostMemory, "the lock lived only in the memory of its one server, and the restart lost it while its holder's lease was valid"),
+		run:     func(t *testing.T, e *env) { runCrash(t, e, crashNoPersistence, crashLostMemory) },
+	})
+	register(&scenario{
+		order:   21,
+		name:    "KillRestartRDB",
+		row:     "Redis kill -9 and restart with RDB snapshots",
+		applies: only(bRedis),
+		// The last snapshot was taken before the grant: the restart
+		// restores the server without the lock.
+		expect: crashExpect(crashLostOne,
+			"the restart restored the last snapshot, taken before the lock was granted, so the lock was gone while its holder's lease was valid"),
+		run: func(t *testing.T, e *env) { runCrash(t, e, crashRDB, crashLostOne) },
+	})
+	register(&scenario{
+		order:   22,
+		name:    "KillRestartAOF",
+		row:     "Redis kill -9 and restart with AOF (appendfsync everysec)",
+		applies: only(bRedis),
+		// Redis writes (write(2)) every command to the AOF file before it
+		// replies, in the event loop; appendfsync everysec only delays
+		// the fsync. A kill -9 ends the process, not the kernel: what was
+		// written sits in the page cache and is in the file when the
+		// server starts again (only an OS crash or power loss loses the
+		// last second). So the grant, acknowledged, survives: nothing is
+		// lost. (Redis postpones the write, up to 2s, only while an fsync
+		// of its own is still running on a slow disk; the run checks that
+		// the lock is there after the restart.)
+		expect: crashExpect(crashLostNone, ""),
+		run:    func(t *testing.T, e *env) { runCrash(t, e, crashAOF, crashLostNone) },
+	})
+}
+
+// crashLostMemory: Redis and Redlock servers without persistence restart
+// empty; etcd and ZooKeeper keep their log on disk.
+func crashLostMemory(b *backend) int {
+	if b.name == bRedis || b.name == bRedlock {
+		return 1
+	}
+	return 0
+}
+
+func crashLostOne(*backend) int  { return 1 }
+func crashLostNone(*backend) int { return 0 }
+
+// crashExpect derives a crash cell's expectation: a violation when the
+// fault loses the lock's state on more servers than the backend tolerates
+// losing (lost tells how many it loses on b), else safe.
+func crashExpect(lost func(b *backend) int, why string) func(*backend, dlock.Guarantees) expectation {
+	return func(b *backend, g dlock.Guarantees) expectation {
+		if crashUnsafe(lost(b), g) {
+			return expectation{violation, why}
+		}
+		return expectation{outcome: safe}
+	}
+}
+
+// crashUnsafe reports whether losing the lock on lost servers exceeds what
+// g tolerates.
+func crashUnsafe(lost int, g dlock.Guarantees) bool { return lost > g.ToleratedFailures }
+
+// crashPersistence is how the Redis servers of a crash cell persist.
+type crashPersistence int
+
+const (
+	crashNoPersistence crashPersistence = iota // the deployment's default
+	crashRDB                                   // snapshots, one taken before the grant
+	crashAOF                                   // append-only file, fsync every second
+)
+
+const (
+	// crashTTL is the victim's lease time: it outlasts the fault.
+	crashTTL = 10 * time.Second
+	// crashContenders is how many contenders keep trying.
+	crashContenders = 3
+	// crashBound bounds every wait of a crash run for something that
+	// should happen in a second or two.
+	crashBound = 15 * time.Second
+)
+
+// runCrash runs a crash cell: victim, contenders, kill -9 and restart,
+// recovery, the victim's write and release, and checks that the fault did
+// what the expectation rests on.
+func runCrash(t *testing.T, e *env, p crashPersistence, lost func(*backend) int) {
+	ctx := t.Context()
+	var d *deployment
+	switch p {
+	case crashRDB:
+		// Snapshots at most hourly: none but the explicit SAVE below.
+		d = e.deploy(deployOptions{redisArgs: []string{"--dir", "/tmp", "--save", "3600 1", "--appendonly", "no"}})
+	case crashAOF:
+		d = e.deploy(deployOptions{redisArgs: []string{"--dir", "/tmp", "--appendonly", "yes", "--appendfsync", "everysec"}})
+	default:
+		d = e.deployment()
+	}
+	redisFamily := e.b.name == bRedis || e.b.name == bRedlock
+	unsafe := crashUnsafe(lost(e.b), e.guarantees())
+	lockKey := redis.DefaultPrefix + "{" + e.key + "}" // the same for Redlock
+	fenceKey := lockKey + redisscript.FenceSuffix
+
+	victimLocker := e.locker()
+	vo := &dlock.AcquireOptions{TTL: crashTTL}
+	if maxTTL := victimLocker.Limits().MaxTTL; maxTTL > 0 && maxTTL < crashTTL {
+		vo = &dlock.AcquireOptions{TTL: maxTTL, AutoRefresh: true, MaxHold: time.Minute}
+	}
+
+	var saved int64 // RDB: the counter in the snapshot
+	if p == crashRDB {
+		// A grant the snapshot holds, then the snapshot: the victim's
+		// grant comes after it.
+		if err := e.cycle(ctx, "c0", e.locker(), &dlock.AcquireOptions{TTL: e.ttl}, crashBound, 0); err != nil {
+			t.Fatalf("the grant before the snapshot: %v", err)
+		}
+		c := crashRedisClient(t, d.servers[0].Addr())
+		if err := c.Save(ctx).Err(); err != nil {
+			t.Fatalf("SAVE: %v", err)
+		}
+		var err error
+		if saved, err = c.Get(ctx, fenceKey).Int64(); err != nil {
+			t.Fatalf("the counter at the snapshot: %v", err)
+		}
+	}
+
+	actx, cancel := context.WithTimeout(ctx, crashBound)
+	victim, err := e.h.TryAcquire(actx, "victim", victimLocker, e.key, vo)
+	cancel()
+	if err != nil {
+		t.Fatalf("the victim's acquire: %v", err)
+	}
+	read, ok := e.reg.Read(victim.Token())
+	if !ok {
+		t.Fatalf("the register refused the victim's token %d", victim.Token())
+	}
+	t.Logf("victim: token %d, TTL %v (auto-refresh %v), valid for %v", victim.Token(), victim.TTL(), vo.AutoRefresh,
+		time.Until(victim.Deadline()).Round(time.Millisecond))
+
+	crowd := crashStartCrowd(t, e, crashContenders, e.locker)
+	isContender := func(op check.Op) bool { return crowd.names[op.Client] }
+	lockers := append([]*dlock.Locker{victimLocker}, crowd.lockers...)
+	crowd.awaitAllWaiting(t)
+
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	srv, err := d.leader(lctx)
+	cancel()
+	if err != nil {
+		t.Fatalf("finding the server to kill: %v", err)
+	}
+	before := crashLeadership(t, e, d, srv)
+	var owner string // Redis, Redlock: the victim's value in the lock key
+	if redisFamily {
+		if owner = crashRedisGet(t, srv.Addr(), lockKey); owner == "" {
+			t.Fatalf("%v does not hold the victim's lock before the kill: killing it shows nothing", srv)
+		}
+	}
+
+	if p == crashRDB {
+		// The contenders hold off from just before the kill until the
+		// counter has been read after the restart, so that the value read
+		// is the one the snapshot restored (a contender's grant would
+		// raise it).
+		crowd.hold()
+	}
+	t.Logf("kill -9 %v", srv)
+	killed := time.Now()
+	if err := srv.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(ctx); err != nil {
+		t.Fatalf("restarting %v: %v", srv, err)
+	}
+	restarted := time.Now()
+	// The fault lasts until every client reaches the servers again (for
+	// etcd and ZooKeeper, once a leader is elected and the client has
+	// reconnected), and 2s more for attempts already under way then.
+	for _, l := range lockers {
+		crashAwaitReachable(t, l)
+	}
+	recovered := time.Now()
+	e.h.Fault("kill -9 and restart of "+srv.String(), killed, recovered.Add(2*time.Second))
+	t.Logf("%v restarted %v after the kill; every client reached the servers again %v after it",
+		srv, restarted.Sub(killed).Round(time.Millisecond), recovered.Sub(killed).Round(time.Millisecond))
+	crashCheckLeadership(t, e, d, srv, before)
+
+	// What the restart did to the lock on the killed server.
+	if redisFamily {
+		// A contender may have taken a lost lock by now: compare values.
+		has := crashRedisGet(t, srv.Addr(), lockKey) == owner
+		switch {
+		case p == crashAOF && !has:
+			t.Fatalf("the lock is gone after a restart from the AOF file: the grant was not in it")
+		case p == crashAOF:
+			t.Logf("the lock survived the restart (loaded from the AOF file)")
+		case has:
+			t.Fatalf("the lock survived a restart without persistence of it (%v): nothing was lost, the cell shows nothing", p)
+		default:
+			t.Logf("the restart lost the lock on %v", srv)
+		}
+	}
+	if p == crashRDB {
+		// The counter came back as the snapshot had it, below the
+		// victim's token: the backend's clock floor alone keeps later
+		// tokens above it (the checker checks the order).
+		n, err := crashRedisClient(t, srv.Addr()).Get(ctx, fenceKey).Int64()
+		if err != nil {
+			t.Fatalf("the counter after the restart: %v (did the snapshot load?)", err)
+		}
+		if n != saved || uint64(n) >= uint64(victim.Token()) {
+			t.Fatalf("the counter after the restart is %d; want the snapshot's %d, below the victim's token %d (no stale counter, nothing shown)",
+				n, saved, victim.Token())
+		}
+		t.Logf("the counter came back stale: %d, below the victim's token %d", n, victim.Token())
+		crowd.resume()
+	}
+
+	if unsafe {
+		// A contender takes the lock the restart lost while the victim's
+		// lease is valid.
+		crashAwait(t, e, "contender's grant after the restart", func(ops []check.Op) bool {
+			return crashHas(ops, func(op check.Op) bool { return op.Granted() && isContender(op) && op.End.After(restarted) })
+		})
+		if !time.Now().Before(victim.Deadline()) {
+			t.Fatalf("the victim's lease ran out (Deadline %v) before a contender's grant was seen: no overlap shown", victim.Deadline())
+		}
+	} else {
+		// The victim's critical section goes on for a second after the
+		// recovery, while the contenders try the servers again.
+		time.Sleep(time.Second)
+	}
+
+	held := victim.Err() == nil
+	switch {
+	case !unsafe && !held && redisFamily:
+		t.Fatalf("the victim's lease ended across the restart (%v): the lock did not outlast it", victim.Err())
+	case !unsafe && !held:
+		// A consensus backend ends a lease that reconnecting outlasted
+		// (ZooKeeper caps it at the session timeout): safe, less shown.
+		t.Logf("the victim's lease ended during the fault: %v", victim.Err())
+	}
+	e.reg.Write(victim.Client(), victim.ID(), victim.Token(), victim.Deadline(), read)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	released := time.Now()
+	err = victim.Release(rctx)
+	cancel()
+	switch {
+	case !unsafe && held && err != nil:
+		t.Errorf("the victim's Release (its lease valid across the restart): %v", err)
+	case err != nil:
+		t.Logf("the victim's Release: %v", err)
+	}
+	if !unsafe && held {
+		// A contender that waited while the victim held the lock after
+		// the restart gets it once released.
+		crashAwait(t, e, "grant, after the victim's release, of a contender that waited for it", func(ops []check.Op) bool {
+			return crashHas(ops, func(op check.Op) bool {
+				return op.Granted() && isContender(op) && op.Start.Before(released) && op.End.After(released)
+			})
+		})
+		t.Logf("the victim held the lock across the restart; a contender that waited was granted after its release")
+	}
+	crashAwait(t, e, "contender's grant after the victim's release", func(ops []check.Op) bool {
+		return crashHas(ops, func(op check.Op) bool { return op.Granted() && isContender(op) && op.End.After(released) })
+	})
+	crashOnlyOverlap(t, e)
+}
+
+func (p crashPersistence) String() string {
+	switch p {
+	case crashRDB:
+		return "RDB"
+	case crashAOF:
+		return "AOF"
+	}
+	return "none"
+}
+
+// crashCrowd is a cell's contenders: each with a Locker of its own (as a
+// separate process would have), taking the key over and over (e.cycle)
+// with acquires that wait as long as it takes. The run can hold them off.
+type crashCrowd struct {
+	names   map[string]bool
+	lockers []*dlock.Locker
+
+	mu     sync.Mutex
+	round  context.Context // cancelled by hold
+	cancel context.CancelFunc
+	open   chan struct{}   // non-nil while held; closed by resume
+	active map[string]bool // contenders in a cycle
+	busy   sync.WaitGroup  // cycles in progress
+}
+
+// crashStartCrowd starts n contenders, c1 … cn, over Lockers made by mk;
+// e.stopAll ends them (their acquires are cancelled).
+func crashStartCrowd(t *testing.T, e *env, n int, mk func() *dlock.Locker) *crashCrowd {
+	c := &crashCrowd{names: map[string]bool{}, active: map[string]bool{}}
+	c.round, c.cancel = context.WithCancel(context.Background())
+	t.Cleanup(func() { c.cancel() })
+	for i := range n {
+		l := mk()
+		name := fmt.Sprintf("c%d", i+1)
+		c.names[name] = true
+		c.lockers = append(c.lockers, l)
+		e.goStop(func(stop <-chan struct{}) {
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			go func() {
+				select {
+				case <-stop:
+				case <-ctx.Done():
+				}
+				cancel()
+			}()
+			for ctx.Err() == nil {
+				cctx, exit, ok := c.enter(ctx, name)
+				if !ok {
+					return
+				}
+				err := e.cycle(cctx, name, l, &dlock.AcquireOptions{TTL: e.ttl}, time.Minute, 10*time.Millisecond)
+				exit()
+				if errors.Is(err, dlock.ErrUnavailable) {
+					// The servers are down: do not spin.
+					select {
+					case <-ctx.Done():
+					case <-time.After(50 * time.Millisecond):
+					}
+				}
+			}
+		})
+	}
+	return c
+}
+
+// enter starts a cycle of contender name, waiting while the crowd is
+// held: it returns the cycle's context (cancelled by hold) and the
+// function that ends the cycle, or false when ctx ended first.
+func (c *crashCrowd) enter(ctx context.Context, name string) (context.Context, func(), bool) {
+	for {
+		c.mu.Lock()
+		if c.open == nil {
+			c.busy.Add(1)
+			c.active[name] = true
+			round := c.round
+			c.mu.Unlock()
+			cctx, cancel := context.WithCancel(ctx)
+			stop := context.AfterFunc(round, cancel)
+			return cctx, func() {
+				stop()
+				cancel()
+				c.mu.Lock()
+				delete(c.active, name)
+				c.mu.Unlock()
+				c.busy.Done()
+			}, true
+		}
+		open := c.open
+		c.mu.Unlock()
+		select {
+		case <-open:
+		case <-ctx.Done():
+			return nil, nil, false
+		}
+	}
+}
+
+// hold cancels the contenders' cycles in progress, waits for them to end,
+// and keeps new ones from starting until resume.
+func (c *crashCrowd) hold() {
+	c.mu.Lock()
+	c.open = make(chan struct{})
+	c.cancel()
+	c.mu.Unlock()
+	c.busy.Wait()
+}
+
+// resume lets the contenders go on after hold.
+func (c *crashCrowd) resume() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.round, c.cancel = context.WithCancel(context.Background())
+	close(c.open)
+	c.open = nil
+}
+
+// awaitAllWaiting waits until every contender is in a cycle (each waits
+// for the victim's lock).
+func (c *crashCrowd) awaitAllWaiting(t *testing.T) {
+	t.Helper()
+	for end := time.Now().Add(crashBound); ; time.Sleep(10 * time.Millisecond) {
+		c.mu.Lock()
+		n := len(c.active)
+		c.mu.Unlock()
+		if n == len(c.names) {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d of %d contenders started an acquire within %v", n, len(c.names), crashBound)
+		}
+	}
+}
+
+// crashOnlyOverlap fails t if the history so far breaks a safety property
+// other than mutual exclusion: a crash may let two holders overlap where
+// the Guarantees admit it, but tokens must still rise and the register
+// must refuse the holder that lost the lock (the cell's outcome alone
+// would not tell a token-order violation from the overlap).
+func crashOnlyOverlap(t *testing.T, e *env) {
+	t.Helper()
+	for _, v := range check.Check(e.h, check.Options{}) {
+		if v.Property.Safety() && v.Property != check.MutualExclusion {
+			t.Errorf("%v", v)
+		}
+	}
+}
+
+// crashAwait polls the history until cond holds, failing t after
+// crashBound.
+func crashAwait(t *testing.T, e *env, what string, cond func([]check.Op) bool) {
+	t.Helper()
+	for end := time.Now().Add(crashBound); !cond(e.h.Ops()); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("no %s within %v", what, crashBound)
+		}
+	}
+}
+
+// crashHas reports whether an op of ops matches.
+func crashHas(ops []check.Op, match func(check.Op) bool) bool {
+	for _, op := range ops {
+		if match(op) {
+			return true
+		}
+	}
+	return false
+}
+
+// crashAwaitReachable waits until l's own client reaches the servers: a
+// Redis PING (every Redlock node), a linearizable etcd read (it needs a
+// leader), a ZooKeeper session.
+func crashAwaitReachable(t *testing.T, l *dlock.Locker) {
+	t.Helper()
+	probe := func(ctx context.Context) error {
+		var zc *zk.Conn
+		var ec *clientv3.Client
+		var rc goredis.UniversalClient
+		var rcs []goredis.UniversalClient
+		switch {
+		case l.As(&zc):
+			if st := zc.State(); st != zk.StateHasSession {
+				return fmt.Errorf("zookeeper: %v", st)
+			}
+			return nil
+		case l.As(&ec):
+			_, err := ec.Get(ctx, "dlock-matrix-probe")
+			return err
+		case l.As(&rc):
+			return rc.Ping(ctx).Err()
+		case l.As(&rcs):
+			var errs []error
+			for _, c := range rcs {
+				errs = append(errs, c.Ping(ctx).Err())
+			}
+			return errors.Join(errs...)
+		}
+		return errors.New("no client to probe")
+	}
+	var err error
+	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		err = probe(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+	}
+	t.Fatalf("a client did not reach the servers again within 30s: %v", err)
+}
+
+// crashRedisClient returns a client of the Redis server at addr, closed
+// when the cell ends.
+func crashRedisClient(t *testing.T, addr string) *goredis.Client {
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// crashRedisGet returns the value of key on the Redis server at addr, ""
+// if it has none.
+func crashRedisGet(t *testing.T, addr, key string) string {
+	t.Helper()
+	v, err := crashRedisClient(t, addr).Get(t.Context(), key).Result()
+	if err != nil && !errors.Is(err, goredis.Nil) {
+		t.Fatalf("GET on %s: %v", addr, err)
+	}
+	return v
+}
+
+// crashLeadership returns the term (etcd) or epoch (ZooKeeper) of srv,
+// which leads now, or 0 for Redis and Redlock (no leader).
+func crashLeadership(t *testing.T, e *env, d *deployment, srv *servers.Server) uint64 {
+	t.Helper()
+	switch e.b.name {
+	case bEtcd:
+		st, err := crashEtcdAdmin(t, d).Status(t.Context(), srv.Addr())
+		if err != nil {
+			t.Fatalf("status of %v: %v", srv, err)
+		}
+		if st.Header.MemberId != st.Leader {
+			t.Fatalf("%v is not the leader (the leader is %x)", srv, st.Leader)
+		}
+		return st.RaftTerm
+	case bZooKeeper:
+		mode, epoch, err := crashZKState(srv.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mode != "leader" {
+			t.Fatalf("%v is a %s, not the leader", srv, mode)
+		}
+		return epoch
+	}
+	return 0
+}
+
+// crashCheckLeadership checks, after the restart, that the killed server
+// (which led in term or epoch before) serves again, and that an election
+// has happened: the leader now leads in a later term or epoch.
+func crashCheckLeadership(t *testing.T, e *env, d *deployment, killed *servers.Server, before uint64) {
+	t.Helper()
+	if e.b.name != bEtcd && e.b.name != bZooKeeper {
+		return
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	for end := time.Now().Add(crashBound); ; time.Sleep(100 * time.Millisecond) {
+		var err error
+		switch e.b.name {
+		case bEtcd:
+			_, err = crashEtcdAdmin(t, d).Status(ctx, killed.Addr())
+		case bZooKeeper:
+			var mode string
+			if mode, _, err = crashZKState(killed.Addr()); err == nil && mode != "leader" && mode != "follower" {
+				err = fmt.Errorf("%v is %q", killed, mode)
+			}
+		}
+		if err == nil {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the killed server did not serve again within %v: %v", crashBound, err)
+		}
+	}
+	leader, err := d.leader(ctx)
+	if err != nil {
+		t.Fatalf("no leader after the restart: %v", err)
+	}
+	after := crashLeadership(t, e, d, leader)
+	if after <= before {
+		t.Fatalf("the leader's term/epoch is %d after the kill, %d before: no election happened", after, before)
+	}
+	t.Logf("the killed server led in term/epoch %d; after the restart %v leads in %d, and the killed server serves again", before, leader, after)
+}
+
+// crashEtcdAdmin returns an etcd client of the deployment (one per cell).
+func crashEtcdAdmin(t *testing.T, d *deployment) *clientv3.Client {
+	t.Helper()
+	crashAdminsMu.Lock()
+	defer crashAdminsMu.Unlock()
+	if c := crashAdmins[d]; c != nil {
+		return c
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: d.addrs(), DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashAdmins[d] = c
+	t.Cleanup(func() {
+		crashAdminsMu.Lock()
+		delete(crashAdmins, d)
+		crashAdminsMu.Unlock()
+		_ = c.Close()
+	})
+	return c
+}
+
+var (
+	crashAdminsMu sync.Mutex
+	crashAdmins   = map[*deployment]*clientv3.Client{}
+)
+
+// crashZKState asks the ZooKeeper server at addr (four-letter word srvr)
+// for its mode and the epoch of its last zxid (its high 32 bits: the
+// leader's term).
+func crashZKState(addr string) (mode string, epoch uint64, err error) {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return "", 0, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte("srvr")); err != nil {
+		return "", 0, err
+	}
+	out, err := io.ReadAll(c)
+	if err != nil {
+		return "", 0, err
+	}
+	var zxid string
+	for line := range strings.Lines(string(out)) {
+		if v, ok := strings.CutPrefix(line, "Mode: "); ok {
+			mode = strings.TrimSpace(v)
+		}
+		if v, ok := strings.CutPrefix(line, "Zxid: "); ok {
+			zxid = strings.TrimSpace(v)
+		}
+	}
+	if mode == "" || zxid == "" {
+		return "", 0, fmt.Errorf("srvr on %s: no mode or zxid in %q", addr, out)
+	}
+	z, err := strconv.ParseUint(strings.TrimPrefix(zxid, "0x"), 16, 64)
+	if err != nil {
+		return "", 0, fmt.Errorf("srvr on %s: zxid %q: %w", addr, zxid, err)
+	}
+	return mode, z >> 32, nil
+}
