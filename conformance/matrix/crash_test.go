@@ -466,9 +466,34 @@ func crashOnlyOverlap(t *testing.T, e *env) {
 // crashBound.
 func crashAwait(t *testing.T, e *env, what string, cond func([]check.Op) bool) {
 	t.Helper()
-	for end := time.Now().Add(crashBound); !cond(e.h.Ops()); time.Sleep(20 * time.Millisecond) {
+	crashAwaitBound(t, e, crashBound, what, cond)
+}
+
+// crashAwaitBound is crashAwait with another bound.
+func crashAwaitBound(t *testing.T, e *env, bound time.Duration, what string, cond func([]check.Op) bool) {
+	t.Helper()
+	for end := time.Now().Add(bound); !cond(e.h.Ops()); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(end) {
-			t.Fatalf("no %s within %v", what, crashBound)
+			t.Fatalf("no %s within %v", what, bound)
+		}
+	}
+}
+
+// crashAwaitRedis polls INFO on the Redis server at addr until it reports
+// want, failing t (waiting for what) after crashBound.
+func crashAwaitRedis(t *testing.T, addr, want, what string) {
+	t.Helper()
+	c := crashRedisClient(t, addr)
+	var (
+		info string
+		err  error
+	)
+	for end := time.Now().Add(crashBound); ; time.Sleep(20 * time.Millisecond) {
+		if info, err = c.Info(t.Context(), "replication").Result(); err == nil && strings.Contains(info, want) {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("waiting for %s: no %q in INFO replication of %s within %v: %q, %v", what, want, addr, crashBound, info, err)
 		}
 	}
 }
@@ -533,15 +558,16 @@ func crashRedisClient(t *testing.T, addr string) *goredis.Client {
 	return c
 }
 
-// crashRedisGet returns the value of key on the Redis server at addr, ""
-// if it has none.
+// crashRedisGet returns the ownership value in the lock key key on the
+// Redis server at addr, "" if it has none. A waiter's mark on the value
+// (a '+' appended, see acquire.lua) is dropped.
 func crashRedisGet(t *testing.T, addr, key string) string {
 	t.Helper()
 	v, err := crashRedisClient(t, addr).Get(t.Context(), key).Result()
 	if err != nil && !errors.Is(err, goredis.Nil) {
 		t.Fatalf("GET on %s: %v", addr, err)
 	}
-	return v
+	return strings.TrimSuffix(v, "+")
 }
 
 // crashLeadership returns the term (etcd) or epoch (ZooKeeper) of srv,
