@@ -344,31 +344,15 @@ func TestSessionExpired(t *testing.T) {
 	_ = lb.Release(t.Context())
 }
 
-// tryUntilAnswered calls TryAcquire until the ensemble answers and returns
-// the outcome.
-func tryUntilAnswered(t *testing.T, l *dlock.Locker, key string) (*dlock.Lease, error) {
-	t.Helper()
-	var err error
-	for end := time.Now().Add(slack); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
-		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
-		var le *dlock.Lease
-		le, err = l.TryAcquire(ctx, key, nil)
-		cancel()
-		if !errors.Is(err, dlock.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
-			return le, err
-		}
-	}
-	t.Fatalf("the ensemble did not answer within %v: %v", slack, err)
-	return nil, nil
-}
-
 // TestEnsembleFailures: with the leader of three servers killed, a new
 // leader is elected and the lock serves again: an Acquire started during
-// the election (once its client lost its connection) rides it out (shorter here than a reconnect
-// cycle of the client) and is granted, a lease taken before the kill stays
-// held and exclusive, and Lockers taking turns afterwards never overlap and
-// get strictly increasing tokens. With two of three killed, Acquire
-// (without a deadline) fails with ErrUnavailable within a few seconds.
+// the election (once its client lost its connection) rides it out (shorter
+// here than a reconnect cycle of the client) and is granted, and a lease
+// taken before the kill can be refreshed and released after it. With two
+// of three killed, Acquire (without a deadline) fails with ErrUnavailable
+// within a few seconds. (Mutual exclusion, token order and progress across
+// a leader kill and restart are the fault matrix's KillRestart cell,
+// conformance/matrix.)
 func TestEnsembleFailures(t *testing.T) {
 	t.Parallel()
 	e, err := servers.StartZooKeeper(t.Context(), 3)
@@ -377,7 +361,7 @@ func TestEnsembleFailures(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = e.Terminate(context.WithoutCancel(t.Context())) })
 	srv := e.Servers()
-	a, b := newLocker(t, srv, nil), newLocker(t, srv, nil)
+	a := newLocker(t, srv, nil)
 	key := uniqueKey(t)
 	// Lockers that start an Acquire during the election, on keys of
 	// their own (each client reconnects in its own time).
@@ -411,9 +395,6 @@ func TestEnsembleFailures(t *testing.T) {
 		}
 	}
 	t.Logf("Acquires started during the election: done %v after the kill", time.Since(killed).Round(time.Millisecond))
-	if _, err := tryUntilAnswered(t, b, key); !errors.Is(err, dlock.ErrNotAcquired) {
-		t.Fatalf("TryAcquire while held, leader killed = %v, want ErrNotAcquired", err)
-	}
 	awaitSession(t, a)
 	if err := la.Refresh(t.Context(), 10*time.Second); err != nil {
 		t.Fatalf("Refresh after the leader was killed: %v", err)
@@ -421,17 +402,6 @@ func TestEnsembleFailures(t *testing.T) {
 	if err := la.Release(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	lb, err := tryUntilAnswered(t, b, key)
-	if err != nil {
-		t.Fatalf("TryAcquire after release, leader killed: %v", err)
-	}
-	if lb.Token() <= la.Token() {
-		t.Errorf("token %d not above the earlier %d", lb.Token(), la.Token())
-	}
-	if err := lb.Release(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	takeTurns(t, []*dlock.Locker{a, b, newLocker(t, srv, nil)}, key, lb.Token())
 
 	// Kill a second server (the new leader): no quorum is left.
 	if err := e.Members[second].Kill(t.Context()); err != nil {
@@ -581,51 +551,4 @@ func awaitNoSession(t *testing.T, l *dlock.Locker) {
 		}
 	}
 	t.Fatalf("the client kept its connection for %v", slack)
-}
-
-// takeTurns has each Locker take the lock on key a few times, concurrently:
-// no two holders overlap, and each holder's token is above the one before
-// (the first above after). Every acquire must succeed.
-func takeTurns(t *testing.T, lockers []*dlock.Locker, key string, after dlock.Token) {
-	t.Helper()
-	const turns = 5
-	var (
-		inside atomic.Int32
-		mu     sync.Mutex
-		tokens = []dlock.Token{after}
-		wg     sync.WaitGroup
-	)
-	for i, l := range lockers {
-		awaitSession(t, l)
-		wg.Go(func() {
-			for range turns {
-				ctx, cancel := context.WithTimeout(t.Context(), slack)
-				le, err := l.Acquire(ctx, key, &dlock.AcquireOptions{TTL: 10 * time.Second})
-				cancel()
-				if err != nil {
-					t.Errorf("Locker %d: Acquire: %v", i, err)
-					return
-				}
-				if n := inside.Add(1); n != 1 {
-					t.Errorf("Locker %d: %d holders at once", i, n)
-				}
-				mu.Lock()
-				if prev := tokens[len(tokens)-1]; le.Token() <= prev {
-					t.Errorf("Locker %d: token %d not above the previous holder's %d", i, le.Token(), prev)
-				}
-				tokens = append(tokens, le.Token())
-				mu.Unlock()
-				time.Sleep(5 * time.Millisecond) // hold it for a moment
-				inside.Add(-1)
-				if err := le.Release(t.Context()); err != nil {
-					t.Errorf("Locker %d: Release: %v", i, err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if got := len(tokens) - 1; got != turns*len(lockers) {
-		t.Errorf("%d grants, want %d", got, turns*len(lockers))
-	}
 }
