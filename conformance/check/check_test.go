@@ -252,6 +252,14 @@ func TestLivenessCaught(t *testing.T) {
 	h.h.Fault("server down", h.t(5), h.t(20))
 	want(t, h, check.Options{Progress: time.Second})
 
+	// An acquire whose own deadline cut its last attempt short says both
+	// ErrUnavailable and context.DeadlineExceeded: a timeout, judged by
+	// the progress rule, not a failure of the backend.
+	h = newHist()
+	h.h.Add(check.Op{Kind: check.Acquire, Client: "b", Key: "k", Wait: true, Start: h.t(0), End: h.t(10),
+		Err: fmt.Errorf("%w; last backend error: %w", context.DeadlineExceeded, dlock.ErrUnavailable)})
+	want(t, h, check.Options{Progress: time.Second})
+
 	// An injected expiry of the key during the acquire excuses it (the
 	// waiter's own state may have been dropped); one of another key does
 	// not.

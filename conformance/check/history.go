@@ -296,5 +296,10 @@ func (r *Register) Update(ctx context.Context, le *Lease, hold time.Duration) bo
 	return r.Write(le.client, le.id, le.Token(), le.Deadline(), v)
 }
 
-// errUnavailable reports whether err is the backend being unreachable.
-func errUnavailable(err error) bool { return errors.Is(err, dlock.ErrUnavailable) }
+// errUnavailable reports whether err is the backend failing, rather than
+// the acquire's own context ending (an attempt cut by the deadline is
+// reported as both; the progress rule judges waits that time out).
+func errUnavailable(err error) bool {
+	return errors.Is(err, dlock.ErrUnavailable) &&
+		!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
+}
