@@ -71,7 +71,7 @@ func runFailover(t *testing.T, e *env) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = l.Close() })
-		return l
+		return e.useLocker(l)
 	}
 	primary := crashRedisClient(t, r.Primary.Addr())
 	replica := crashRedisClient(t, r.Replica.Addr())

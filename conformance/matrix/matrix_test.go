@@ -257,6 +257,7 @@ type env struct {
 
 	mu    sync.Mutex
 	d     *deployment
+	g     *dlock.Guarantees // set by a scenario that builds its own Lockers
 	stops []func()
 }
 
@@ -289,9 +290,27 @@ func (e *env) deploy(o deployOptions) *deployment {
 	return e.d
 }
 
-// guarantees returns the Guarantees of a Locker on the deployment.
+// guarantees returns the Guarantees of the cell's Lockers: those a
+// scenario that builds its own Lockers reported with useLocker, else a
+// Locker's on the deployment.
 func (e *env) guarantees() dlock.Guarantees {
+	e.mu.Lock()
+	g := e.g
+	e.mu.Unlock()
+	if g != nil {
+		return *g
+	}
 	return e.locker().Guarantees()
+}
+
+// useLocker records the Guarantees of l, a Locker the scenario built
+// itself (not over the deployment), for the cell's expectation.
+func (e *env) useLocker(l *dlock.Locker) *dlock.Locker {
+	g := l.Guarantees()
+	e.mu.Lock()
+	e.g = &g
+	e.mu.Unlock()
+	return l
 }
 
 // locker returns a new Locker over the deployment's servers, as a separate
