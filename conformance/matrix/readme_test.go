@@ -18,7 +18,7 @@ const (
 	cellSafe    = "safe"
 	cellOutage  = "unavailable (clean)"
 	cellUnsafe  = "**violation**"
-	footnoteFmt = "- **%s, %s:** %s"
+	footnoteFmt = "- **%s, %s:** %s."
 )
 
 // renderTable writes the observed matrix as Markdown: one row per
