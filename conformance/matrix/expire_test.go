@@ -22,12 +22,7 @@ func init() {
 		name:    "ManyClientsExpire",
 		row:     "16 clients, random holds, lock dropped by the server during critical sections",
 		applies: all,
-		expect: func(_ *backend, g dlock.Guarantees) expectation {
-			if g.Fencing == dlock.FencingNone {
-				return expectation{violation, "without tokens the register cannot refuse the holder whose lock was dropped"}
-			}
-			return expectation{outcome: safe}
-		},
+		expect:  expectIf(withoutTokens, violation, "without tokens the register cannot refuse the holder whose lock was dropped"),
 		run: func(t *testing.T, e *env) {
 			const clients = 16
 			ctx := t.Context()

@@ -30,13 +30,8 @@ func init() {
 		name:    "FailoverBeforeReplication",
 		row:     "Redis primary killed, replica promoted by Sentinel (wait_replicas=1)",
 		applies: only(bRedis),
-		expect: func(_ *backend, g dlock.Guarantees) expectation {
-			if g.ToleratedFailures == 0 {
-				return expectation{violation, "replication is asynchronous and WAIT covers only the acquire: the promoted replica " +
-					"missed the holder's refresh, so the lock expired there early and a second holder was granted while the first one's lease was valid"}
-			}
-			return expectation{outcome: safe}
-		},
+		expect: expectIf(noFailover, violation, "replication is asynchronous and WAIT covers only the acquire: the promoted replica "+
+			"missed the holder's refresh, so the lock expired there early and a second holder was granted while the first one's lease was valid"),
 		run: runFailover,
 	})
 }

@@ -83,6 +83,28 @@ func register(s *scenario) {
 	slices.SortFunc(scenarios, func(a, b *scenario) int { return a.order - b.order })
 }
 
+// expectIf expects o, for the reason why, from a backend whose Guarantees
+// admit it (unsafe reports that), and safe from any other.
+func expectIf(unsafe func(dlock.Guarantees) bool, o outcome, why string) func(*backend, dlock.Guarantees) expectation {
+	return func(_ *backend, g dlock.Guarantees) expectation {
+		if unsafe(g) {
+			return expectation{o, why}
+		}
+		return expectation{outcome: safe}
+	}
+}
+
+// The Guarantees that admit an outcome other than safe.
+var (
+	// withoutTokens: no fencing tokens, so a resource cannot refuse a
+	// holder that goes on after its lease ended.
+	withoutTokens = func(g dlock.Guarantees) bool { return g.Fencing == dlock.FencingNone }
+	// clockDependent: exclusion rests on clocks, pauses and delays.
+	clockDependent = func(g dlock.Guarantees) bool { return g.ClockDependent }
+	// noFailover: no server may fail, so a failover may lose the lock.
+	noFailover = func(g dlock.Guarantees) bool { return g.ToleratedFailures == 0 }
+)
+
 // all applies to every backend.
 func all(*backend) bool { return true }
 

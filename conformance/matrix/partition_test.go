@@ -30,13 +30,8 @@ func init() {
 		name:    "Partition",
 		row:     "holder cut off (blackholing proxy) past its TTL, then healed; it writes and releases",
 		applies: all,
-		expect: func(_ *backend, g dlock.Guarantees) expectation {
-			if g.Fencing == dlock.FencingNone {
-				return expectation{violation, "without tokens the register cannot refuse the late write of a holder that was cut off past its lease"}
-			}
-			return expectation{outcome: safe}
-		},
-		run: runPartition,
+		expect:  expectIf(withoutTokens, violation, "without tokens the register cannot refuse the late write of a holder that was cut off past its lease"),
+		run:     runPartition,
 	})
 }
 
@@ -189,13 +184,8 @@ func init() {
 		name:    "SlowLink",
 		row:     "slow link (round trip ≥ TTL) to a majority of the servers",
 		applies: only(bRedis, bRedlock),
-		expect: func(_ *backend, g dlock.Guarantees) expectation {
-			if g.ClockDependent {
-				return expectation{unavailable, "the lock is refused when the round trips to a majority take longer than the TTL; nothing unsafe is handed out"}
-			}
-			return expectation{outcome: safe}
-		},
-		run: runSlowLink,
+		expect:  expectIf(clockDependent, unavailable, "the lock is refused when the round trips to a majority take longer than the TTL; nothing unsafe is handed out"),
+		run:     runSlowLink,
 	})
 }
 

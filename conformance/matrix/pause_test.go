@@ -49,13 +49,8 @@ func init() {
 		name:    "ClientPause",
 		row:     "client paused (SIGSTOP) past its TTL, then writes and releases",
 		applies: all,
-		expect: func(_ *backend, g dlock.Guarantees) expectation {
-			if g.Fencing == dlock.FencingNone {
-				return expectation{violation, "without tokens the register cannot refuse the write the paused client makes after its lease ran out"}
-			}
-			return expectation{outcome: safe}
-		},
-		run: runClientPause,
+		expect:  expectIf(withoutTokens, violation, "without tokens the register cannot refuse the write the paused client makes after its lease ran out"),
+		run:     runClientPause,
 	})
 }
 
