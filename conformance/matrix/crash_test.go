@@ -25,8 +25,9 @@ import (
 
 // Server crashes (issue 11, fault 2): the server that matters most (the
 // only Redis, one Redlock node, the etcd or ZooKeeper leader, found by
-// asking the servers) is killed with SIGKILL and started again at once,
-// while a victim client holds the lock and contenders keep trying.
+// asking the servers), or a majority of the servers, is killed with
+// SIGKILL and started again at once, while a victim client holds the lock
+// and contenders keep trying.
 //
 // The victim holds one lease across the whole fault and then writes the
 // fenced register and releases. Its lease is not refreshed: a 10s TTL
@@ -38,7 +39,7 @@ import (
 // backend caps the TTL below 10s (ZooKeeper: the session timeout, 4s) is
 // the lease refreshed automatically, as a holder there must.
 //
-// Expected: the crash loses the lock's state on the killed server when it
+// Expected: the crash loses the lock's state on each killed server that
 // keeps it only in memory (Redis and Redlock without persistence, or a
 // Redis whose snapshot predates the grant), on none for etcd and
 // ZooKeeper (a durable log); a violation when that is more servers than
@@ -50,7 +51,7 @@ func init() {
 		row:     "server kill -9 and immediate restart (Redis: no persistence; Redlock: one node; etcd, ZooKeeper: the leader)",
 		applies: all,
 		expect:  crashExpect(crashLostMemory, "the lock lived only in the memory of its one server, and the restart lost it while its holder's lease was valid"),
-		run:     func(t *testing.T, e *env) { runCrash(t, e, crashNoPersistence, crashLostMemory) },
+		run:     func(t *testing.T, e *env) { runCrash(t, e, crashNoPersistence, crashLostMemory, crashLeader) },
 	})
 	register(&scenario{
 		order:   21,
@@ -61,7 +62,7 @@ func init() {
 		// restores the server without the lock.
 		expect: crashExpect(crashLostOne,
 			"the restart restored the last snapshot, taken before the lock was granted, so the lock was gone while its holder's lease was valid"),
-		run: func(t *testing.T, e *env) { runCrash(t, e, crashRDB, crashLostOne) },
+		run: func(t *testing.T, e *env) { runCrash(t, e, crashRDB, crashLostOne, crashLeader) },
 	})
 	register(&scenario{
 		order:   22,
@@ -78,7 +79,24 @@ func init() {
 		// of its own is still running on a slow disk; the run checks that
 		// the lock is there after the restart.)
 		expect: crashExpect(crashLostNone, ""),
-		run:    func(t *testing.T, e *env) { runCrash(t, e, crashAOF, crashLostNone) },
+		run:    func(t *testing.T, e *env) { runCrash(t, e, crashAOF, crashLostNone, crashLeader) },
+	})
+	// A majority crashes at once: Redlock's first three nodes of five, the
+	// etcd or ZooKeeper leader and a follower (both found by asking the
+	// servers). Not on Redis: its KillRestart row kills its whole
+	// deployment already. Without persistence the three Redlock nodes come
+	// back empty, more than the two Redlock tolerates losing; etcd and
+	// ZooKeeper lose nothing (their log is on disk) but cannot serve while
+	// two of three are down (the fault window: no progress is required
+	// then; after the restart it is).
+	register(&scenario{
+		order:   23,
+		name:    "KillRestartMajority",
+		row:     "kill -9 and immediate restart of a majority (Redlock: 3 of 5 nodes; etcd, ZooKeeper: 2 of 3)",
+		applies: only(bRedlock, bEtcd, bZooKeeper),
+		expect: crashExpect(crashLostMajority,
+			"three of five nodes restarted empty at once, so a majority no longer knew the lock and a second client got it while the first one's lease was valid (keep a crashed node down for a TTL, or persist with appendfsync always)"),
+		run: func(t *testing.T, e *env) { runCrash(t, e, crashNoPersistence, crashLostMajority, crashMajority) },
 	})
 }
 
@@ -93,6 +111,66 @@ func crashLostMemory(b *backend) int {
 
 func crashLostOne(*backend) int  { return 1 }
 func crashLostNone(*backend) int { return 0 }
+
+// crashLostMajority: a majority of Redlock's nodes restart empty; etcd and
+// ZooKeeper keep their log on disk.
+func crashLostMajority(b *backend) int {
+	if b.name == bRedlock {
+		return b.nodes/2 + 1
+	}
+	return 0
+}
+
+// crashTargets picks the servers a crash cell kills; for etcd and
+// ZooKeeper the leader comes first.
+type crashTargets func(t *testing.T, e *env, d *deployment) []*servers.Server
+
+// crashLeader picks the server whose crash matters most (deployment.leader).
+func crashLeader(t *testing.T, _ *env, d *deployment) []*servers.Server {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	srv, err := d.leader(ctx)
+	if err != nil {
+		t.Fatalf("finding the server to kill: %v", err)
+	}
+	return []*servers.Server{srv}
+}
+
+// crashMajority picks a majority: Redlock's first nodes, the etcd or
+// ZooKeeper leader and a server that says it follows.
+func crashMajority(t *testing.T, e *env, d *deployment) []*servers.Server {
+	t.Helper()
+	if e.b.name == bRedlock {
+		return d.servers[:len(d.servers)/2+1]
+	}
+	leader := crashLeader(t, e, d)[0]
+	for end := time.Now().Add(crashBound); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		for _, s := range d.servers {
+			if s != leader && crashFollows(t, e, d, s) {
+				return []*servers.Server{leader, s}
+			}
+		}
+	}
+	t.Fatalf("no server said it follows the leader %v within %v", leader, crashBound)
+	return nil
+}
+
+// crashFollows asks srv (etcd, ZooKeeper) whether it is a follower.
+func crashFollows(t *testing.T, e *env, d *deployment, srv *servers.Server) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	switch e.b.name {
+	case bEtcd:
+		st, err := crashEtcdAdmin(t, d).Status(ctx, srv.Addr())
+		return err == nil && st.Leader != 0 && st.Header.MemberId != st.Leader
+	case bZooKeeper:
+		mode, _, err := crashZKState(srv.Addr())
+		return err == nil && mode == "follower"
+	}
+	return false
+}
 
 // crashExpect derives a crash cell's expectation: a violation when the
 // fault loses the lock's state on more servers than the backend tolerates
@@ -129,10 +207,10 @@ const (
 	crashBound = 15 * time.Second
 )
 
-// runCrash runs a crash cell: victim, contenders, kill -9 and restart,
-// recovery, the victim's write and release, and checks that the fault did
-// what the expectation rests on.
-func runCrash(t *testing.T, e *env, p crashPersistence, lost func(*backend) int) {
+// runCrash runs a crash cell: victim, contenders, kill -9 of the servers
+// pick picks and their restart, recovery, the victim's write and release,
+// and checks that the fault did what the expectation rests on.
+func runCrash(t *testing.T, e *env, p crashPersistence, lost func(*backend) int, pick crashTargets) {
 	ctx := t.Context()
 	var d *deployment
 	switch p {
@@ -190,19 +268,25 @@ func runCrash(t *testing.T, e *env, p crashPersistence, lost func(*backend) int)
 	lockers := append([]*dlock.Locker{victimLocker}, crowd.lockers...)
 	crowd.awaitAllWaiting(t)
 
-	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	srv, err := d.leader(lctx)
-	cancel()
-	if err != nil {
-		t.Fatalf("finding the server to kill: %v", err)
+	srvs := pick(t, e, d)
+	if n := lost(e.b); redisFamily && p != crashAOF && n != len(srvs) {
+		t.Fatalf("the expectation counts %d servers losing the lock; the run kills %d", n, len(srvs))
 	}
-	before := crashLeadership(t, e, d, srv)
+	before := crashLeadership(t, e, d, srvs[0])
 	var owner string // Redis, Redlock: the victim's value in the lock key
 	if redisFamily {
-		if owner = crashRedisGet(t, srv.Addr(), lockKey); owner == "" {
-			t.Fatalf("%v does not hold the victim's lock before the kill: killing it shows nothing", srv)
+		owner = crashRedisGet(t, srvs[0].Addr(), lockKey)
+		for _, srv := range srvs {
+			if v := crashRedisGet(t, srv.Addr(), lockKey); owner == "" || v != owner {
+				t.Fatalf("%v does not hold the victim's lock before the kill (%q, want %q): killing it shows nothing", srv, v, owner)
+			}
 		}
 	}
+	var names []string
+	for _, srv := range srvs {
+		names = append(names, srv.String())
+	}
+	what := strings.Join(names, ", ")
 
 	if p == crashRDB {
 		// The contenders hold off from just before the kill until the
@@ -211,13 +295,27 @@ func runCrash(t *testing.T, e *env, p crashPersistence, lost func(*backend) int)
 		// raise it).
 		crowd.hold()
 	}
-	t.Logf("kill -9 %v", srv)
+	t.Logf("kill -9 %s", what)
 	killed := time.Now()
-	if err := srv.Kill(ctx); err != nil {
-		t.Fatal(err)
+	for _, srv := range srvs {
+		if err := srv.Kill(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := srv.Start(ctx); err != nil {
-		t.Fatalf("restarting %v: %v", srv, err)
+	// Started together: an etcd or ZooKeeper server that is back waits
+	// for a quorum before it says it is ready.
+	errs := make([]error, len(srvs))
+	var wg sync.WaitGroup
+	for i, srv := range srvs {
+		wg.Go(func() {
+			if err := srv.Start(ctx); err != nil {
+				errs[i] = fmt.Errorf("restarting %v: %w", srv, err)
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
 	}
 	restarted := time.Now()
 	// The fault lasts until every client reaches the servers again (for
@@ -227,13 +325,16 @@ func runCrash(t *testing.T, e *env, p crashPersistence, lost func(*backend) int)
 		crashAwaitReachable(t, l)
 	}
 	recovered := time.Now()
-	e.h.Fault("kill -9 and restart of "+srv.String(), killed, recovered.Add(2*time.Second))
-	t.Logf("%v restarted %v after the kill; every client reached the servers again %v after it",
-		srv, restarted.Sub(killed).Round(time.Millisecond), recovered.Sub(killed).Round(time.Millisecond))
-	crashCheckLeadership(t, e, d, srv, before)
+	e.h.Fault("kill -9 and restart of "+what, killed, recovered.Add(2*time.Second))
+	t.Logf("%s restarted %v after the kill; every client reached the servers again %v after it",
+		what, restarted.Sub(killed).Round(time.Millisecond), recovered.Sub(killed).Round(time.Millisecond))
+	crashCheckLeadership(t, e, d, srvs, before)
 
-	// What the restart did to the lock on the killed server.
-	if redisFamily {
+	// What the restart did to the lock on the killed servers.
+	for _, srv := range srvs {
+		if !redisFamily {
+			break
+		}
 		// A contender may have taken a lost lock by now: compare values.
 		has := crashRedisGet(t, srv.Addr(), lockKey) == owner
 		switch {
@@ -242,7 +343,7 @@ func runCrash(t *testing.T, e *env, p crashPersistence, lost func(*backend) int)
 		case p == crashAOF:
 			t.Logf("the lock survived the restart (loaded from the AOF file)")
 		case has:
-			t.Fatalf("the lock survived a restart without persistence of it (%v): nothing was lost, the cell shows nothing", p)
+			t.Fatalf("the lock survived a restart without persistence of it (%v) on %v: nothing was lost, the cell shows nothing", p, srv)
 		default:
 			t.Logf("the restart lost the lock on %v", srv)
 		}
@@ -251,7 +352,7 @@ func runCrash(t *testing.T, e *env, p crashPersistence, lost func(*backend) int)
 		// The counter came back as the snapshot had it, below the
 		// victim's token: the backend's clock floor alone keeps later
 		// tokens above it (the checker checks the order).
-		n, err := crashRedisClient(t, srv.Addr()).Get(ctx, fenceKey).Int64()
+		n, err := crashRedisClient(t, srvs[0].Addr()).Get(ctx, fenceKey).Int64()
 		if err != nil {
 			t.Fatalf("the counter after the restart: %v (did the snapshot load?)", err)
 		}
@@ -597,14 +698,34 @@ func crashLeadership(t *testing.T, e *env, d *deployment, srv *servers.Server) u
 	return 0
 }
 
-// crashCheckLeadership checks, after the restart, that the killed server
-// (which led in term or epoch before) serves again, and that an election
-// has happened: the leader now leads in a later term or epoch.
-func crashCheckLeadership(t *testing.T, e *env, d *deployment, killed *servers.Server, before uint64) {
+// crashCheckLeadership checks, after the restart, that the killed servers
+// (the first of which led in term or epoch before) serve again, and that
+// an election has happened: the leader now leads in a later term or epoch.
+func crashCheckLeadership(t *testing.T, e *env, d *deployment, srvs []*servers.Server, before uint64) {
 	t.Helper()
 	if e.b.name != bEtcd && e.b.name != bZooKeeper {
 		return
 	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	for _, killed := range srvs {
+		crashAwaitServing(t, e, d, killed)
+	}
+	leader, err := d.leader(ctx)
+	if err != nil {
+		t.Fatalf("no leader after the restart: %v", err)
+	}
+	after := crashLeadership(t, e, d, leader)
+	if after <= before {
+		t.Fatalf("the leader's term/epoch is %d after the kill, %d before: no election happened", after, before)
+	}
+	t.Logf("the killed leader led in term/epoch %d; after the restart %v leads in %d, and the killed servers serve again", before, leader, after)
+}
+
+// crashAwaitServing waits until the killed server (etcd, ZooKeeper) serves
+// again.
+func crashAwaitServing(t *testing.T, e *env, d *deployment, killed *servers.Server) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	for end := time.Now().Add(crashBound); ; time.Sleep(100 * time.Millisecond) {
@@ -622,18 +743,9 @@ func crashCheckLeadership(t *testing.T, e *env, d *deployment, killed *servers.S
 			break
 		}
 		if time.Now().After(end) {
-			t.Fatalf("the killed server did not serve again within %v: %v", crashBound, err)
+			t.Fatalf("the killed server %v did not serve again within %v: %v", killed, crashBound, err)
 		}
 	}
-	leader, err := d.leader(ctx)
-	if err != nil {
-		t.Fatalf("no leader after the restart: %v", err)
-	}
-	after := crashLeadership(t, e, d, leader)
-	if after <= before {
-		t.Fatalf("the leader's term/epoch is %d after the kill, %d before: no election happened", after, before)
-	}
-	t.Logf("the killed server led in term/epoch %d; after the restart %v leads in %d, and the killed server serves again", before, leader, after)
 }
 
 // crashEtcdAdmin returns an etcd client of the deployment (one per cell).
