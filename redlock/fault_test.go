@@ -118,80 +118,40 @@ func TestMajorityDown(t *testing.T) {
 	}
 }
 
-// TestRestartWithoutPersistence shows Redlock's documented unsafety: a node
-// of the holder's majority restarts empty and at once, and another client
-// then takes the lock on a new majority while the first still holds it.
-// With a delayed restart (the node stays out for a TTL), it does not
-// happen.
-func TestRestartWithoutPersistence(t *testing.T) {
-	t.Parallel()
-	for _, delayed := range []bool{false, true} {
-		ss := fiveNodes(t)
-		a, b := newLocker(t, ss), newLocker(t, ss)
-		key := uniqueKey(t)
-		const ttl = 3 * time.Second
-
-		kill(t, ss[3], ss[4])
-		la, err := a.TryAcquire(t.Context(), key, &dlock.AcquireOptions{TTL: ttl}) // on nodes 0, 1, 2
-		if err != nil {
-			t.Fatal(err)
-		}
-		kill(t, ss[2])
-		if delayed {
-			time.Sleep(ttl) // the restarted node stays out for the max TTL
-		}
-		start(t, ss[2], ss[3], ss[4]) // empty: no persistence
-
-		lb, err := b.TryAcquire(t.Context(), key, &dlock.AcquireOptions{TTL: ttl}) // nodes 2, 3, 4
-		switch {
-		case !delayed && err != nil:
-			t.Fatalf("immediate restart: the second client did not get the lock (%v); the documented violation did not happen", err)
-		case !delayed:
-			if time.Now().After(la.Deadline()) || la.Err() != nil {
-				t.Fatalf("immediate restart: the first lease had ended (%v) before the second grant; no overlap shown", la.Err())
-			}
-			t.Logf("immediate restart: two holders at once, tokens %d and %d (the documented unsafety)", la.Token(), lb.Token())
-		case delayed && err == nil && !time.Now().After(la.Deadline()):
-			t.Fatalf("delayed restart: a second holder while the first lease was valid until %v", la.Deadline())
-		case delayed:
-			t.Logf("delayed restart: the first lease had expired (deadline %v) before any second grant", la.Deadline())
-		}
-	}
-}
-
-// TestMajorityFrozen: three of five nodes freeze (docker pause: connections
-// stay open, nothing is answered), a latency beyond any TTL. No lease is
-// returned: each node's round trip is cut at a tenth of the TTL, and a grant
-// without a majority is released on all nodes.
-func TestMajorityFrozen(t *testing.T) {
+// TestDelayedRestart pins the remedy the package doc gives for Redlock's
+// restart unsafety (the fault matrix's KillRestartMajority row shows the
+// unsafety itself: three of five nodes restart empty at once, and a second
+// client takes the lock while the first one's lease is valid). A node of
+// the holder's majority that restarts empty stays down for a TTL first:
+// by then the lease it forgot has ended, by its Deadline too, so the
+// second client, granted on a majority that includes the node, does not
+// overlap it.
+func TestDelayedRestart(t *testing.T) {
 	t.Parallel()
 	ss := fiveNodes(t)
-	l := newLocker(t, ss)
+	a, b := newLocker(t, ss), newLocker(t, ss)
 	key := uniqueKey(t)
-	for _, s := range ss[2:] {
-		if err := s.Pause(t.Context()); err != nil {
-			t.Fatal(err)
-		}
+	const ttl = 3 * time.Second
+
+	kill(t, ss[3], ss[4])
+	la, err := a.TryAcquire(t.Context(), key, &dlock.AcquireOptions{TTL: ttl}) // on nodes 0, 1, 2
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		for _, s := range ss[2:] {
-			_ = s.Unpause(context.WithoutCancel(t.Context()))
-		}
-	})
-	const ttl = 500 * time.Millisecond
+	kill(t, ss[2])
+	time.Sleep(ttl)               // the crashed node stays down for the TTL
+	start(t, ss[2], ss[3], ss[4]) // empty: no persistence
+
 	begin := time.Now()
-	le, err := l.TryAcquire(t.Context(), key, &dlock.AcquireOptions{TTL: ttl})
-	took := time.Since(begin)
-	if err == nil {
-		t.Fatalf("TryAcquire with 3 of 5 frozen returned a lease (deadline in %v)", time.Until(le.Deadline()))
+	lb, err := b.TryAcquire(t.Context(), key, &dlock.AcquireOptions{TTL: ttl}) // nodes 2, 3, 4 at least
+	if err != nil {
+		t.Fatalf("TryAcquire after the delayed restart: %v", err)
 	}
-	if !errors.Is(err, dlock.ErrUnavailable) {
-		t.Errorf("TryAcquire with 3 of 5 frozen = %v, want ErrUnavailable", err)
+	if !begin.After(la.Deadline()) {
+		t.Fatalf("a second holder (token %d) while the first lease was valid until %v", lb.Token(), la.Deadline())
 	}
-	if took > ttl {
-		t.Errorf("the attempt took %v, longer than the %v TTL", took, ttl)
-	}
-	t.Logf("3 of 5 frozen: %v after %v", err, took.Round(time.Millisecond))
+	t.Logf("delayed restart: the first lease had ended (Deadline %v before the second attempt)", begin.Sub(la.Deadline()).Round(time.Millisecond))
+	_ = lb.Release(t.Context())
 }
 
 // TestMinorityFrozen: two of five nodes freeze. The lock is still granted
