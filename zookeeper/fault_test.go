@@ -301,9 +301,16 @@ func TestCancelledDuringCreate(t *testing.T) {
 }
 
 // TestSessionExpired: the holder is cut off from the ensemble past its
-// session timeout. The server expires the session and deletes its node; the
-// next holder gets a larger czxid; the old holder's Done fires, and once it
-// reconnects (to learn the session is gone) its Release returns ErrNotHeld.
+// session timeout (its connections closed, its dials refused). The server
+// expires the session and deletes its node, and another client takes the
+// lock. The fault matrix's Partition cell (conformance/matrix) checks the
+// rest of this fault on ZooKeeper: the holder's Done fires, the next
+// holder's token is larger, its late write is refused and its Release
+// returns ErrNotHeld. This test checks what the cell does not: the lost
+// lease's Err says why (ErrLeaseLost), and the stale Release leaves the new
+// holder's lease alone (on ZooKeeper a stale release that deleted the new
+// holder's node would end that lease too, its Done firing, so the cell's
+// checker would see no overlap).
 func TestSessionExpired(t *testing.T) {
 	t.Parallel()
 	srv := servers.ZooKeeper(t, 1).Servers()
@@ -323,9 +330,6 @@ func TestSessionExpired(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Acquire after the holder's session expired: %v", err)
 	}
-	if lb.Token() <= la.Token() {
-		t.Errorf("new holder's token %d not above the old %d", lb.Token(), la.Token())
-	}
 	select {
 	case <-la.Done():
 	case <-time.After(slack):
@@ -335,8 +339,9 @@ func TestSessionExpired(t *testing.T) {
 		t.Errorf("cut-off holder's Err = %v, want ErrLeaseLost", err)
 	}
 	cut.partition(false)
-	if err := la.Release(t.Context()); !errors.Is(err, dlock.ErrNotHeld) {
-		t.Errorf("cut-off holder's Release = %v, want ErrNotHeld", err)
+	_ = la.Release(t.Context()) // ErrNotHeld: the Partition cell checks it
+	if kids, _, err := adminConn(t, srv).Children(parent(key)); err != nil || len(kids) != 1 {
+		t.Errorf("queue after the stale release: %v (err %v); want the new holder's node", kids, err)
 	}
 	if err := lb.Err(); err != nil {
 		t.Errorf("the new holder was disturbed: %v", err)
