@@ -60,6 +60,9 @@ type lease struct {
 	acq        Op
 	start, end time.Time // the interval in which it was valid
 	why        string    // what ended it
+	// held is when the lease may have held the key until, for progress:
+	// end, but not cut by an expiry that may have come before its grant.
+	held time.Time
 }
 
 type checker struct {
@@ -99,13 +102,19 @@ func (c *checker) index() {
 	}
 	// A later observation of the Deadline (refreshed) extends it.
 	for _, op := range c.ops {
-		if l := c.byID[op.Lease]; l != nil && (op.Kind == Write || op.Kind == Release) && op.Deadline.After(l.end) {
+		if l := c.byID[op.Lease]; l != nil && (op.Kind == Write || op.Kind == Release || op.Kind == Lost) && op.Deadline.After(l.end) {
 			l.end = op.Deadline
 		}
+	}
+	for _, l := range c.byID {
+		l.held = l.end
 	}
 	cut := func(l *lease, t time.Time, why string) {
 		if t.Before(l.end) {
 			l.end, l.why = t, why
+		}
+		if t.Before(l.held) {
+			l.held = t
 		}
 	}
 	for _, op := range c.ops {
@@ -120,8 +129,18 @@ func (c *checker) index() {
 			}
 		case Expire:
 			for _, l := range c.leases[op.Key] {
-				if l.acq.Start.Before(op.End) {
+				switch {
+				case op.Token != 0 && l.acq.Token == op.Token:
 					cut(l, op.Start, "expired by the server")
+				case op.Token == 0 && l.acq.Start.Before(op.End):
+					// It may be the lease dropped, if granted before
+					// the drop; progress counts it held if its grant
+					// may have come after.
+					held := l.held
+					cut(l, op.Start, "may have been expired by the server")
+					if l.acq.End.After(op.Start) {
+						l.held = held
+					}
 				}
 			}
 		case Fault:
@@ -135,7 +154,37 @@ func (c *checker) index() {
 		if l.end.Before(l.start) {
 			l.end = l.start // granted already expired: never valid
 		}
+		if l.held.Before(l.start) {
+			l.held = l.start
+		}
 	}
+}
+
+// Span is the interval in which a lease was valid, as Check judges it.
+type Span struct {
+	Lease      int       // the ID of the Acquire op that granted it
+	Start, End time.Time // from the acquire's return until the first end below
+	Why        string    // what ended it: "Deadline", "release invoked", "Done fired", "expired by the server", …
+}
+
+// Valid reports whether the lease was valid for some time. A lease granted
+// past its Deadline, or cut by an expiry before its grant returned, was
+// not, and the mutual exclusion check cannot see it.
+func (s Span) Valid() bool { return s.Start.Before(s.End) }
+
+// Validity returns the validity interval of every lease granted in h, in
+// the order of grants, so a workload can tell how many leases the checks
+// could see.
+func Validity(h *History) []Span {
+	c := &checker{begin: h.Begin(), ops: h.Ops()}
+	c.index()
+	var spans []Span
+	for _, op := range c.ops {
+		if l := c.byID[op.ID]; l != nil {
+			spans = append(spans, Span{Lease: op.ID, Start: l.start, End: l.end, Why: l.why})
+		}
+	}
+	return spans
 }
 
 func (c *checker) mutualExclusion() {
@@ -271,7 +320,7 @@ func (c *checker) liveness() {
 			pts = append(pts, f.Start, f.End)
 		}
 		for _, l := range c.leases[key] {
-			pts = append(pts, l.start, l.end)
+			pts = append(pts, l.start, l.held)
 		}
 		slices.SortFunc(pts, func(a, b time.Time) int { return a.Compare(b) })
 		waiting := func(from, to time.Time) *Op { // an acquire pending over all of [from, to]
@@ -283,9 +332,9 @@ func (c *checker) liveness() {
 			}
 			return nil
 		}
-		held := func(t time.Time) bool { // a lease on key was valid at t
+		held := func(t time.Time) bool { // a lease on key may have held it at t
 			for _, l := range c.leases[key] {
-				if !t.Before(l.start) && t.Before(l.end) {
+				if !t.Before(l.start) && t.Before(l.held) {
 					return true
 				}
 			}

@@ -107,7 +107,7 @@ func TestValidityEnds(t *testing.T) {
 				case "lost":
 					h.h.Add(check.Op{Kind: check.Lost, Lease: a, Start: h.t(100), End: h.t(100), Err: dlock.ErrLeaseLost})
 				case "expire":
-					h.h.Expire("k", h.t(100), h.t(120))
+					h.h.Expire("k", 0, h.t(100), h.t(120))
 				}
 				grantAt := 150
 				if !after {
@@ -142,6 +142,53 @@ func TestNeverValidOverlapsNothing(t *testing.T) {
 	h.grant("b", "k", 5, 30, 20, 2) // returned past its Deadline
 	h.release(a, 50)
 	want(t, h, check.Options{})
+}
+
+// An expiry that names the token it dropped cuts that lease only: two
+// waiters granted after it, both valid at once, are a violation. Without
+// the token, either may have been the one dropped (granted before the
+// drop), so the checker cannot tell.
+func TestExpireByToken(t *testing.T) {
+	for _, tok := range []dlock.Token{4, 0} {
+		h := newHist()
+		h.grant("x", "k", 0, 1, 90, 4) // the holder the expiry drops
+		h.h.Expire("k", tok, h.t(100), h.t(110))
+		a := h.grant("a", "k", 2, 200, 2000, 5)
+		b := h.grant("b", "k", 50, 210, 2010, 6)
+		h.release(a, 1000)
+		h.release(b, 1000)
+		if tok != 0 {
+			want(t, h, check.Options{Progress: time.Second}, check.MutualExclusion)
+		} else {
+			want(t, h, check.Options{Progress: time.Second})
+		}
+		spans := check.Validity(h.h)
+		if got := spans[1].Valid(); got != (tok != 0) {
+			t.Errorf("token %d: lease a Valid() = %v", tok, got)
+		}
+	}
+}
+
+// A lease cut by an expiry of unknown token may still have been granted
+// after the drop and held the key: a waiter behind it is not starved.
+func TestExpiryAmbiguousLeaseHoldsForProgress(t *testing.T) {
+	h := newHist()
+	h.h.Expire("k", 0, h.t(100), h.t(110))
+	a := h.grant("a", "k", 0, 200, 30000, 5)
+	h.release(a, 15000)
+	h.grant("b", "k", 50, 15010, 17000, 6)
+	want(t, h, check.Options{Progress: 10 * time.Second})
+}
+
+// A lease refreshed (by its watchdog) and then lost is valid until its
+// Done, found from the Deadline recorded with the loss.
+func TestLostCarriesRefreshedDeadline(t *testing.T) {
+	h := newHist()
+	a := h.grant("a", "k", 0, 10, 2000, 5)
+	h.h.Add(check.Op{Kind: check.Lost, Lease: a, Start: h.t(5000), End: h.t(5000), Deadline: h.t(5000)})
+	b := h.grant("b", "k", 2900, 3000, 5000, 6)
+	h.release(b, 4000)
+	want(t, h, check.Options{}, check.MutualExclusion)
 }
 
 func TestKeysAreSeparate(t *testing.T) {
@@ -266,7 +313,7 @@ func TestLivenessCaught(t *testing.T) {
 	for _, key := range []string{"k", "other"} {
 		h := newHist()
 		h.h.Add(check.Op{Kind: check.Acquire, Client: "b", Key: "k", Wait: true, Start: h.t(0), End: h.t(10), Err: fmt.Errorf("acquire: %w", dlock.ErrUnavailable)})
-		h.h.Expire(key, h.t(4), h.t(6))
+		h.h.Expire(key, 0, h.t(4), h.t(6))
 		if key == "k" {
 			want(t, h, check.Options{Progress: time.Second})
 		} else {

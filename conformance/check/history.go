@@ -50,7 +50,8 @@ const (
 	// End when it returned, Deadline the lease's Deadline at Start.
 	Release
 	// Lost is the Done of lease Lease firing before its release was
-	// invoked (Start = End = when it was seen), Err the lease's Err.
+	// invoked (Start = End = when it was seen), Err the lease's Err,
+	// Deadline the lease's Deadline then (refreshed since the grant).
 	Lost
 	// Write is a write to a fenced register by lease Lease with Token,
 	// refused (Accepted false) or accepted; Read is the value the writer
@@ -59,8 +60,9 @@ const (
 	// (zero if unknown).
 	Write
 	// Expire is a fault that made the server drop the lock on Key, by a
-	// call made from Start to End: a lease whose acquire was invoked
-	// before End is valid at most until Start.
+	// call made from Start to End: the lease with Token (the lock
+	// dropped), or with Token 0 any lease whose acquire was invoked before
+	// End, is valid at most until Start.
 	Expire
 	// Fault is a window [Start, End] in which a fault may stop progress
 	// (a server down, a holder paused with the lock). Name says which.
@@ -101,7 +103,7 @@ type Op struct {
 	Wait     bool          // Acquire: a waiting Acquire rather than TryAcquire
 	Token    dlock.Token   // Acquire (granted) and Write
 	TTL      time.Duration // Acquire (granted)
-	Deadline time.Time     // Acquire, Release, Write: the lease's Deadline then
+	Deadline time.Time     // Acquire, Release, Lost, Write: the lease's Deadline then
 	Err      error         // Acquire, Release, Lost
 	Accepted bool          // Write
 	Read     int64         // Write: the value read before
@@ -146,10 +148,14 @@ func (h *History) Ops() []Op {
 }
 
 // Expire records that the server was made to drop the lock on key by a
-// call made from start to end. Any lease whose acquire was invoked before
-// end may have been dropped: its validity ends at start.
-func (h *History) Expire(key string, start, end time.Time) {
-	h.Add(Op{Kind: Expire, Key: key, Start: start, End: end})
+// call made from start to end. token is the token of the lock dropped, if
+// the call could tell (0 if not): the lease with that token is valid at
+// most until start. With token 0, any lease whose acquire was invoked
+// before end may have been the one dropped: the validity of each ends at
+// start (for the safety checks; progress treats such a lease as held, as
+// it may have been granted after the drop).
+func (h *History) Expire(key string, token dlock.Token, start, end time.Time) {
+	h.Add(Op{Kind: Expire, Key: key, Token: token, Start: start, End: end})
 }
 
 // Fault records a fault window named name from start to end, in which
@@ -216,7 +222,7 @@ func (le *Lease) watch() {
 		default:
 		}
 		now := time.Now()
-		le.h.Add(Op{Kind: Lost, Client: le.client, Key: le.Key(), Lease: le.id, Start: now, End: now, Err: le.Err()})
+		le.h.Add(Op{Kind: Lost, Client: le.client, Key: le.Key(), Lease: le.id, Start: now, End: now, Err: le.Err(), Deadline: le.Deadline()})
 	}
 }
 

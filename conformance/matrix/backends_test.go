@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,8 +16,10 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/etcd"
+	"github.com/dlock-go/dlock/internal/redisscript"
 	"github.com/dlock-go/dlock/redis"
 	"github.com/dlock-go/dlock/redlock"
 	"github.com/dlock-go/dlock/zookeeper"
@@ -56,9 +59,11 @@ type deployment struct {
 	// Redlock's first node, the etcd or ZooKeeper leader (found by asking
 	// the servers, never assumed).
 	leader func(ctx context.Context) (*servers.Server, error)
-	// expire makes the servers drop the lock on key now, as an expiry
-	// would.
-	expire func(ctx context.Context, key string) error
+	// expire makes the servers drop the lock held on key now, as an
+	// expiry would. It reports whether a lock was dropped and, if it can
+	// tell, its token (else 0: then the checker assumes any lease pending
+	// at the time may have been the one).
+	expire func(ctx context.Context, key string) (dropped bool, token dlock.Token, err error)
 }
 
 // addrs returns the servers' addresses.
@@ -77,7 +82,7 @@ var backends = []*backend{
 			servers: ss,
 			url:     func(a []string) string { return "redis://" + a[0] },
 			leader:  func(context.Context) (*servers.Server, error) { return ss[0], nil },
-			expire:  redisExpire(t, ss, redis.DefaultPrefix),
+			expire:  redisExpire(t, ss, redis.DefaultPrefix, true),
 		}
 	}},
 	{name: bRedlock, nodes: 5, start: func(t *testing.T, o deployOptions) *deployment {
@@ -86,7 +91,7 @@ var backends = []*backend{
 			servers: ss,
 			url:     func(a []string) string { return "redlock://" + strings.Join(a, ",") },
 			leader:  func(context.Context) (*servers.Server, error) { return ss[0], nil },
-			expire:  redisExpire(t, ss, redlock.DefaultPrefix),
+			expire:  redisExpire(t, ss, redlock.DefaultPrefix, false),
 		}
 	}},
 	{name: bEtcd, nodes: 3, start: func(t *testing.T, _ deployOptions) *deployment {
@@ -112,19 +117,23 @@ var backends = []*backend{
 					return st.Header.MemberId == st.Leader, nil
 				})
 			},
-			expire: func(ctx context.Context, key string) error {
-				// Revoke the lease of every entry in the key's queue.
+			expire: func(ctx context.Context, key string) (bool, dlock.Token, error) {
+				// Revoke the lease of the holder: the entry of the
+				// key's queue with the lowest create revision, which
+				// is its token. Waiters stay queued.
 				dir := etcd.DefaultPrefix + strings.NewReplacer("%", "%25", "/", "%2F").Replace(key) + "/"
-				resp, err := admin.Get(ctx, dir, clientv3.WithPrefix())
-				if err != nil {
-					return err
+				resp, err := admin.Get(ctx, dir, clientv3.WithFirstCreate()...)
+				if err != nil || len(resp.Kvs) == 0 {
+					return false, 0, err
 				}
-				for _, kv := range resp.Kvs {
-					if _, err := admin.Revoke(ctx, clientv3.LeaseID(kv.Lease)); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-						return err
+				kv := resp.Kvs[0]
+				if _, err := admin.Revoke(ctx, clientv3.LeaseID(kv.Lease)); err != nil {
+					if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+						return false, 0, nil // released (or moved by a refresh) since the read
 					}
+					return false, 0, err
 				}
-				return nil
+				return true, dlock.Token(kv.CreateRevision), nil
 			},
 		}
 	}},
@@ -151,23 +160,39 @@ var backends = []*backend{
 					return mode == "leader", err
 				})
 			},
-			expire: func(ctx context.Context, key string) error {
-				// Delete every node in the key's queue (the holder's
-				// first). Matrix keys need no encoding.
+			expire: func(ctx context.Context, key string) (bool, dlock.Token, error) {
+				// Delete the holder's node: the one of the key's queue
+				// created first (lowest czxid, which is its token).
+				// Waiters stay queued. Matrix keys need no encoding.
 				parent := zookeeper.DefaultPrefix + "/" + key
 				kids, _, err := admin.Children(parent)
 				if errors.Is(err, zk.ErrNoNode) {
-					return nil
+					return false, 0, nil
 				}
 				if err != nil {
-					return err
+					return false, 0, err
 				}
+				var head string
+				var czxid int64
 				for _, k := range kids {
-					if err := admin.Delete(parent+"/"+k, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
-						return err
+					ok, st, err := admin.Exists(parent + "/" + k)
+					if err != nil {
+						return false, 0, err
+					}
+					if ok && (head == "" || st.Czxid < czxid) {
+						head, czxid = k, st.Czxid
 					}
 				}
-				return nil
+				if head == "" {
+					return false, 0, nil
+				}
+				if err := admin.Delete(parent+"/"+head, -1); err != nil {
+					if errors.Is(err, zk.ErrNoNode) {
+						return false, 0, nil // released since the read
+					}
+					return false, 0, err
+				}
+				return true, dlock.Token(czxid), nil
 			},
 		}
 	}},
@@ -194,20 +219,53 @@ func startRedis(t *testing.T, n int, o deployOptions) []*servers.Server {
 	return ss
 }
 
+// dropLock deletes a Redis lock key (KEYS[1]) and, if there was one,
+// returns its fencing counter (KEYS[2]); else ”. On a single server the
+// counter holds the token of the last grant, which is the holder's.
+var dropLock = goredis.NewScript(`
+if redis.call('DEL', KEYS[1]) == 1 then
+	return redis.call('GET', KEYS[2]) or '0'
+end
+return ''`)
+
 // redisExpire deletes the lock key of key (under prefix) on every server.
-func redisExpire(t *testing.T, ss []*servers.Server, prefix string) func(context.Context, string) error {
+// With tokens (a single server) it returns the token of the lock dropped;
+// on Redlock's nodes it cannot tell (a node's counter may be below the
+// token, or above it from another client's failed attempt), and returns 0.
+func redisExpire(t *testing.T, ss []*servers.Server, prefix string, tokens bool) func(context.Context, string) (bool, dlock.Token, error) {
 	var cs []*goredis.Client
 	for _, s := range ss {
 		c := goredis.NewClient(&goredis.Options{Addr: s.Addr(), MaxRetries: -1})
 		t.Cleanup(func() { _ = c.Close() })
 		cs = append(cs, c)
 	}
-	return func(ctx context.Context, key string) error {
-		var errs []error
+	return func(ctx context.Context, key string) (bool, dlock.Token, error) {
+		lock := prefix + "{" + key + "}"
+		var (
+			errs    []error
+			dropped bool
+			token   dlock.Token
+		)
 		for _, c := range cs {
-			errs = append(errs, c.Del(ctx, prefix+"{"+key+"}").Err())
+			v, err := dropLock.Run(ctx, c, []string{lock, lock + redisscript.FenceSuffix}).Text()
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if v == "" {
+				continue // no lock on this server
+			}
+			dropped = true
+			n, err := strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("fencing counter %q: %w", v, err))
+			}
+			token = dlock.Token(n)
 		}
-		return errors.Join(errs...)
+		if !tokens {
+			token = 0
+		}
+		return dropped, token, errors.Join(errs...)
 	}
 }
 

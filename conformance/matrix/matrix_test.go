@@ -201,6 +201,7 @@ func cellsFlat(cells map[string]map[string]cell) []cell {
 // expectation.
 func runCell(t *testing.T, b *backend, s *scenario) cell {
 	e := newEnv(t, b)
+	defer e.stopAll() // also when the scenario fails
 	s.run(t, e)
 	if t.Failed() {
 		t.FailNow()
@@ -411,12 +412,23 @@ func (e *env) counts() (grants, writes int) {
 	return grants, writes
 }
 
-// cycle is one client step: acquire the key (waiting up to wait), update
-// the register for hold, release. It returns the lease's acquire error.
+// cycle is one client step: acquire the key (waiting up to wait; wait 0:
+// TryAcquire, bounded by 10s), update the register for hold, release. It
+// returns the lease's acquire error.
 func (e *env) cycle(ctx context.Context, client string, l *dlock.Locker, o *dlock.AcquireOptions, wait, hold time.Duration) error {
-	actx, cancel := context.WithTimeout(ctx, wait)
-	le, err := e.h.Acquire(actx, client, l, e.key, o)
-	cancel()
+	var (
+		le  *check.Lease
+		err error
+	)
+	if wait > 0 {
+		actx, cancel := context.WithTimeout(ctx, wait)
+		le, err = e.h.Acquire(actx, client, l, e.key, o)
+		cancel()
+	} else {
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		le, err = e.h.TryAcquire(actx, client, l, e.key, o)
+		cancel()
+	}
 	if err != nil {
 		return err
 	}
