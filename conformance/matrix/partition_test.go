@@ -69,6 +69,7 @@ func runPartition(t *testing.T, e *env) {
 		holding atomic.Int32 // contenders inside their critical section
 		grants  atomic.Int32 // contender grants
 	)
+	prober := e.locker()
 	for i := range 2 {
 		l := e.locker()
 		name := fmt.Sprintf("contender%d", i)
@@ -129,9 +130,12 @@ func runPartition(t *testing.T, e *env) {
 	// ... and its release, while a contender holds the lock (and the
 	// other waits for it).
 	waitFor(t, 10*time.Second, "a contender to hold the lock", func() bool { return holding.Load() > 0 })
+	stopProbe := e.probe(ctx, prober)
 	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
 	err = le.Release(rctx)
 	rcancel()
+	time.Sleep(600 * time.Millisecond) // two contenders' critical sections
+	t.Logf("%d probes of the key around the stale release", stopProbe())
 	if !errors.Is(err, dlock.ErrNotHeld) {
 		t.Errorf("the cut-off victim's Release = %v, want ErrNotHeld (its lease was lost)", err)
 	}

@@ -478,40 +478,12 @@ func runClientPause(t *testing.T, e *env) {
 	}); !ok {
 		t.Fatalf("no contender was granted the key within %v after the paused holder resumed", bound)
 	}
-	// A waiter is not woken when a key is deleted behind the holder's
-	// back (Redis waiters sleep until the key's TTL ends): a prober tries
-	// the key all through the release, so that a stale release that freed
-	// it is seen as a grant overlapping the contender's lease.
-	probing := make(chan struct{})
-	probed := make(chan int, 1)
-	e.goStop(func(stop <-chan struct{}) {
-		n := 0
-		defer func() { probed <- n }()
-		for {
-			pctx, cancel := context.WithTimeout(ctx, bound)
-			le, err := e.h.TryAcquire(pctx, "prober", prober, e.key, &dlock.AcquireOptions{TTL: e.ttl})
-			cancel()
-			n++
-			if err == nil {
-				e.reg.Update(ctx, le, 0)
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-				_ = le.Release(rctx)
-				cancel()
-			}
-			select {
-			case <-probing:
-				return
-			case <-stop:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-		}
-	})
+	// Probe the key all through the stale release (see env.probe).
+	stopProbe := e.probe(ctx, prober)
 	c.send(pauseMsg{Ev: "written", OK: accepted})
 	rel := c.await("released", bound)
 	time.Sleep(2 * hold) // the prober goes on for a holder's critical section after the release
-	close(probing)
-	t.Logf("%d probes of the key around the stale release", <-probed)
+	t.Logf("%d probes of the key around the stale release", stopProbe())
 	relErr := errors.New(rel.Err)
 	switch {
 	case rel.NotHeld:
