@@ -171,11 +171,11 @@ func TestMatrix(t *testing.T) {
 	}
 	if n := countCells(); len(cellsFlat(cells)) != n {
 		msg := fmt.Sprintf("%d of %d cells ran: the README is not compared", len(cellsFlat(cells)), n)
-		if f := flag.Lookup("test.run"); f == nil || f.Value.String() == "" {
-			t.Error(msg + ", though no -run filter was given") // a cell skipped
+		if f := flag.Lookup("test.run"); f == nil || !strings.Contains(f.Value.String(), "/") {
+			t.Error(msg + ", though no -run filter chose cells") // a cell skipped
 			return
 		}
-		t.Log(msg + " (a -run filter chose them)")
+		t.Log(msg + " (a -run filter chose cells)")
 		return
 	}
 	compareREADME(t, renderTable(cells))
