@@ -1,6 +1,7 @@
 package matrix_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -48,7 +49,16 @@ type deployOptions struct {
 	// faketime runs the Redis servers under libfaketime, so that
 	// Server.ShiftClock can move their clocks (Redis and Redlock).
 	faketime bool
+	// sessionTimeout is the ZooKeeper session timeout the URL asks for
+	// (default zkSession); a ZooKeeper lease cannot outlast it.
+	sessionTimeout time.Duration
 }
+
+// zkSession is the default ZooKeeper session timeout of the matrix: it
+// bounds how long a dead holder keeps the key, 4s keeps cells short and
+// leases of env.ttl (2s) within it, well above the test servers' 200ms
+// tick.
+const zkSession = 4 * time.Second
 
 // deployment is a running set of servers for one cell.
 type deployment struct {
@@ -137,7 +147,7 @@ var backends = []*backend{
 			},
 		}
 	}},
-	{name: bZooKeeper, nodes: 3, start: func(t *testing.T, _ deployOptions) *deployment {
+	{name: bZooKeeper, nodes: 3, start: func(t *testing.T, o deployOptions) *deployment {
 		e, err := servers.StartZooKeeper(t.Context(), 3)
 		if err != nil {
 			t.Fatal(err)
@@ -150,10 +160,9 @@ var backends = []*backend{
 		t.Cleanup(admin.Close)
 		return &deployment{
 			servers: e.Members,
-			// The session timeout bounds how long a dead holder keeps the
-			// key: 4s keeps cells short and leases of e.ttl (2s) within
-			// it, well above the test servers' 200ms tick.
-			url: func(a []string) string { return "zk://" + strings.Join(a, ",") + "?session_timeout=4s" },
+			url: func(a []string) string {
+				return "zk://" + strings.Join(a, ",") + "?session_timeout=" + cmp.Or(o.sessionTimeout, zkSession).String()
+			},
 			leader: func(ctx context.Context) (*servers.Server, error) {
 				return awaitLeader(ctx, e.Members, func(_ context.Context, s *servers.Server) (bool, error) {
 					mode, err := zkMode(s.Addr())
