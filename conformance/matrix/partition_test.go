@@ -47,7 +47,7 @@ func runPartition(t *testing.T, e *env) {
 	victim := e.lockerAt(addrs)
 
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	le, err := e.h.Acquire(actx, "victim", victim, e.key, &dlock.AcquireOptions{TTL: e.ttl, AutoRefresh: true})
+	le, err := e.h.Acquire(actx, "victim", victim, e.key, &dlock.AcquireOptions{TTL: victimTTL, AutoRefresh: true})
 	cancel()
 	if err != nil {
 		t.Fatalf("victim's Acquire through the proxies: %v", err)
@@ -110,7 +110,7 @@ func runPartition(t *testing.T, e *env) {
 		default:
 			return false
 		}
-		return grants.Load() > before && time.Since(cut) > e.ttl+500*time.Millisecond
+		return grants.Load() > before && time.Since(cut) > victimTTL+500*time.Millisecond
 	})
 	for _, p := range ps {
 		p.Heal()
@@ -235,6 +235,10 @@ func runSlowLink(t *testing.T, e *env) {
 		stopped atomic.Bool
 		wg      sync.WaitGroup
 	)
+	defer func() { // also when the cell fails below
+		stopped.Store(true)
+		wg.Wait()
+	}()
 	for i, l := range ls {
 		name := fmt.Sprintf("slow%d", i)
 		wg.Go(func() {

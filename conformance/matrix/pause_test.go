@@ -36,12 +36,12 @@ import (
 // the paused client's lease is over (its last Deadline), the key must be
 // free within e.progress.
 //
-// On ZooKeeper a lease's Deadline is the client-enforced TTL (2s here),
-// but the server frees the key only when the paused client's session
-// expires: the session timeout (4s) after it last heard from the client,
-// rounded up to the server's 2s tick, so at most about 6s after the last
-// refresh, 4s after the lease's Deadline. That is within e.progress (10s),
-// so the bound is not changed for that cell.
+// The lease's TTL is victimTTL, as long as the ZooKeeper session: there a
+// lease's Deadline is the client-enforced TTL, and the server frees the
+// key when the paused client's session expires, the session timeout (4s)
+// after it last heard from the client, rounded up to the server's tick;
+// a lease that outlived its session would show as an overlap. The key is
+// then free well within e.progress (10s) after the lease's Deadline.
 func init() {
 	children[pauseChildName] = pauseChild
 	register(&scenario{
@@ -237,7 +237,7 @@ func startPausedClient(t *testing.T, e *env, url string) *pausedClient {
 	t.Helper()
 	c := &pausedClient{t: t, e: e, name: "paused", msgs: make(chan pauseMsg, 16), quit: make(chan struct{}), exited: make(chan error, 1)}
 	c.cmd = exec.Command(os.Args[0])
-	c.cmd.Env = append(os.Environ(), childEnv+"="+pauseChildName, pauseURLEnv+"="+url, pauseKeyEnv+"="+e.key, pauseTTLEnv+"="+e.ttl.String())
+	c.cmd.Env = append(os.Environ(), childEnv+"="+pauseChildName, pauseURLEnv+"="+url, pauseKeyEnv+"="+e.key, pauseTTLEnv+"="+victimTTL.String())
 	c.cmd.Stderr = &c.stderr
 	c.cmd.WaitDelay = 10 * time.Second
 	var err error
