@@ -3,6 +3,7 @@ package matrix_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -23,7 +24,9 @@ import (
 // a network fault, when the refresh is made); the primary is killed; the
 // Sentinel promotes the replica, where the lock still has the grant's
 // expiry. A contender is granted when that passes, while the victim's
-// refreshed lease is valid for another 20s.
+// refreshed lease is valid for another 20s. The victim's release then
+// finds its lock gone (ErrNotHeld); the contenders' releases on the new
+// primary must all succeed.
 func init() {
 	register(&scenario{
 		order:   50,
@@ -43,6 +46,10 @@ const (
 	failoverTTL = 10 * time.Second
 	// failoverRefresh is what the victim's refresh extends its lease to.
 	failoverRefresh = 30 * time.Second
+	// failoverReleases is how many contender releases on the new
+	// primary, after the victim's, the cell waits for (each must
+	// succeed).
+	failoverReleases = 5
 )
 
 func runFailover(t *testing.T, e *env) {
@@ -174,10 +181,35 @@ func runFailover(t *testing.T, e *env) {
 	}
 	e.reg.Write(victim.Client(), victim.ID(), victim.Token(), victim.Deadline(), read)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	released := time.Now()
 	err = victim.Release(rctx)
 	cancel()
 	if !errors.Is(err, dlock.ErrNotHeld) {
 		t.Errorf("the victim's Release after a contender's grant = %v, want ErrNotHeld", err)
 	}
+	// The new primary serves the lock: the contenders take turns there,
+	// and every release of a lease granted there succeeds (e.cycle
+	// tolerates ErrNotHeld, which would hide a primary that lost its
+	// locks again).
+	isNewRelease := func(op check.Op) bool {
+		return op.Kind == check.Release && isContender(op) && op.Start.After(released)
+	}
+	crashAwaitBound(t, e, crashBound, fmt.Sprintf("%d contender releases on the new primary after the victim's", failoverReleases), func(ops []check.Op) bool {
+		return crashCount(ops, isNewRelease) >= failoverReleases
+	})
+	grantedAt := map[int]time.Time{}
+	n := 0
+	for _, op := range e.h.Ops() {
+		switch {
+		case op.Granted():
+			grantedAt[op.ID] = op.End
+		case op.Kind == check.Release && isContender(op) && grantedAt[op.Lease].After(killed):
+			n++
+			if op.Err != nil {
+				t.Errorf("%s's Release of lease %d (granted on the new primary): %v, want nil", op.Client, op.Lease, op.Err)
+			}
+		}
+	}
+	t.Logf("%d contender releases of leases granted on the new primary, %d of them after the victim's", n, crashCount(e.h.Ops(), isNewRelease))
 	crashOnlyOverlap(t, e)
 }
