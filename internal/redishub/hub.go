@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -29,6 +30,21 @@ import (
 // after an UNSUBSCRIBE and a new SUBSCRIBE of the same channel, a late
 // confirmation of the old SUBSCRIBE could be taken for the new one.)
 //
+// Commands: the SUBSCRIBE and UNSUBSCRIBE commands are sent by one goroutine
+// of the Hub, in the order the watcher counts changed, each bounded by
+// opTimeout (a SUBSCRIBE by its caller's deadline when that is later), so
+// that no caller waits for them beyond its own context: a go-redis PubSub
+// command may have to make the connection first (dial and handshake, a few
+// round trips), and it waits for the PubSub's lock, which the PubSub's
+// receiving goroutine holds while it re-makes the connection with no
+// deadline of ours. Watch waits for its SUBSCRIBE and the confirmation until
+// its context ends; the clean-ups (the barrier's UNSUBSCRIBE, and that of a
+// channel whose last watcher stopped) are not waited for. A clean-up that
+// fails leaves no subscription behind: go-redis drops the channel from the
+// set it re-subscribes before it writes the UNSUBSCRIBE, and a failed write
+// (or one whose deadline passed) closes the connection, which ends its
+// subscriptions on the server.
+//
 // Reconnects: go-redis re-subscribes after a reconnect; a confirmation of a
 // key channel that was already confirmed therefore means messages may have
 // been lost in between, and wakes that channel's watchers (a spurious
@@ -36,11 +52,6 @@ import (
 type Hub struct {
 	client goredis.UniversalClient
 	name   string // for errors: "redis", "redlock node 1 (h:6379)"
-
-	// subMu orders the SUBSCRIBE and UNSUBSCRIBE writes the way the
-	// watcher counts change, without holding mu (which dispatch needs
-	// for every message) across network I/O. Taken before mu.
-	subMu sync.Mutex
 
 	mu       sync.Mutex
 	closed   bool
@@ -50,6 +61,29 @@ type Hub struct {
 	barriers map[string]chan struct{}
 	seq      uint64
 	barrier  string // prefix of this hub's barrier channels
+
+	ops      []op          // commands for the sender, in order
+	kick     chan struct{} // a value when ops were added or the Hub closed
+	sendDone chan struct{} // closed when send has returned
+}
+
+// opTimeout bounds each SUBSCRIBE or UNSUBSCRIBE the Hub sends (a SUBSCRIBE
+// gets its caller's deadline instead when that is later). On a healthy
+// link such a command is one write on the open connection, well under a
+// millisecond; making the connection again costs a dial and the
+// handshake, a few round trips, milliseconds on a LAN. 2s leaves room for
+// a slow link without holding the sender (and the commands queued behind
+// it) long over a dead one. Callers never wait for it beyond their own
+// context.
+const opTimeout = 2 * time.Second
+
+// op is one command for the sender: SUBSCRIBE (sub) or UNSUBSCRIBE of
+// chans. res, if not nil, receives the outcome (it has room for it).
+type op struct {
+	ctx   context.Context
+	sub   bool
+	chans []string
+	res   chan error
 }
 
 // watchedChan is one subscribed release channel and its local watchers.
@@ -77,23 +111,27 @@ func New(client goredis.UniversalClient, barrier, name string) *Hub {
 // is reported on wake. wake receives a value on every message on channel
 // (and, spuriously, after a pub/sub reconnect); it is closed when the Hub is
 // closed. All watchers of a Hub share one pub/sub connection; a channel is
-// unsubscribed when its last watcher stops. stop must be called once.
+// unsubscribed when its last watcher stops. stop must be called once; it
+// does not wait for the UNSUBSCRIBE to be sent. When ctx ends first, Watch
+// returns at once with an error that matches backend.ErrUnavailable and
+// ctx.Err(), and its subscription is undone in the background.
 func (h *Hub) Watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
 	w := make(chan struct{}, 1)
 
-	h.subMu.Lock()
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
-		h.subMu.Unlock()
 		return nil, nil, backend.ErrClosed
 	}
 	if h.ps == nil {
 		h.ps = h.client.Subscribe(context.WithoutCancel(ctx))
 		h.done = make(chan struct{})
+		h.kick = make(chan struct{}, 1)
+		h.sendDone = make(chan struct{})
 		go h.dispatch(h.ps.ChannelWithSubscriptions(), h.done)
+		go h.send(h.ps)
 	}
-	ps, done := h.ps, h.done
+	done := h.done
 	wc := h.chans[channel]
 	first := wc == nil
 	if first {
@@ -109,41 +147,98 @@ func (h *Hub) Watch(ctx context.Context, channel string) (<-chan struct{}, func(
 	if first {
 		subs = []string{channel, barrier}
 	}
+	// Queued under h.mu so that the SUBSCRIBE and UNSUBSCRIBE commands of
+	// one channel reach the server in the order of the watcher count's
+	// transitions.
+	res := make(chan error, 1)
+	h.enqueue(op{ctx: ctx, sub: true, chans: subs, res: res})
 	h.mu.Unlock()
-	// Sent under h.subMu so that SUBSCRIBE and UNSUBSCRIBE of one channel
-	// reach the server in the order of the watcher count's transitions.
-	subErr := ps.Subscribe(ctx, subs...)
-	h.subMu.Unlock()
 
 	stop := h.stopper(channel, wc, w)
-	if subErr == nil {
-		select {
-		case <-confirmed:
-		case <-ctx.Done():
-			subErr = ctx.Err()
-		case <-done:
-			subErr = backend.ErrClosed
+	var err error
+	select {
+	case err = <-res:
+		if err == nil {
+			select {
+			case <-confirmed:
+			case <-ctx.Done():
+				err = ctx.Err()
+			case <-done:
+				err = backend.ErrClosed
+			}
 		}
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-done:
+		err = backend.ErrClosed
 	}
 
-	h.subMu.Lock()
 	h.mu.Lock()
 	delete(h.barriers, barrier)
-	closed := h.closed
-	h.mu.Unlock()
-	if !closed {
-		_ = ps.Unsubscribe(context.WithoutCancel(ctx), barrier)
+	if !h.closed {
+		h.enqueue(op{sub: false, chans: []string{barrier}})
 	}
-	h.subMu.Unlock()
+	h.mu.Unlock()
 
-	if subErr != nil {
+	if err != nil {
 		stop()
-		if subErr == backend.ErrClosed {
-			return nil, nil, subErr
+		if err == backend.ErrClosed {
+			return nil, nil, backend.ErrClosed
 		}
-		return nil, nil, fmt.Errorf("%w: %s: subscribing to %q: %w", backend.ErrUnavailable, h.name, channel, subErr)
+		return nil, nil, fmt.Errorf("%w: %s: subscribing to %q: %w", backend.ErrUnavailable, h.name, channel, err)
 	}
 	return w, stop, nil
+}
+
+// enqueue adds o to the sender's queue. h.mu is held and the Hub is open.
+func (h *Hub) enqueue(o op) {
+	h.ops = append(h.ops, o)
+	select {
+	case h.kick <- struct{}{}:
+	default:
+	}
+}
+
+// send sends the queued commands on ps, in order, until the Hub is closed.
+func (h *Hub) send(ps *goredis.PubSub) {
+	defer close(h.sendDone)
+	for {
+		h.mu.Lock()
+		if h.closed {
+			h.mu.Unlock()
+			return
+		}
+		if len(h.ops) == 0 {
+			h.mu.Unlock()
+			<-h.kick
+			continue
+		}
+		o := h.ops[0]
+		h.ops[0] = op{}
+		h.ops = h.ops[1:]
+		h.mu.Unlock()
+
+		var err error
+		if o.sub {
+			// The caller's values, not its cancellation: a SUBSCRIBE cut
+			// short by the caller's context would make go-redis close the
+			// connection every watcher shares.
+			d := time.Now().Add(opTimeout)
+			if cd, ok := o.ctx.Deadline(); ok && cd.After(d) {
+				d = cd
+			}
+			ctx, cancel := context.WithDeadline(context.WithoutCancel(o.ctx), d)
+			err = ps.Subscribe(ctx, o.chans...)
+			cancel()
+		} else {
+			ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+			err = ps.Unsubscribe(ctx, o.chans...)
+			cancel()
+		}
+		if o.res != nil {
+			o.res <- err
+		}
+	}
 }
 
 // stopper returns the stop function of one watcher.
@@ -151,18 +246,14 @@ func (h *Hub) stopper(channel string, wc *watchedChan, w chan struct{}) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			h.subMu.Lock()
-			defer h.subMu.Unlock()
 			h.mu.Lock()
+			defer h.mu.Unlock()
 			delete(wc.watchers, w)
-			last := len(wc.watchers) == 0 && h.chans[channel] == wc
-			if last {
+			if len(wc.watchers) == 0 && h.chans[channel] == wc {
 				delete(h.chans, channel)
-			}
-			closed, ps := h.closed, h.ps
-			h.mu.Unlock()
-			if last && !closed {
-				_ = ps.Unsubscribe(context.Background(), channel)
+				if !h.closed {
+					h.enqueue(op{sub: false, chans: []string{channel}})
+				}
 			}
 		})
 	}
@@ -214,15 +305,25 @@ func wakeAll(wc *watchedChan) {
 	}
 }
 
-// Close closes the PubSub and waits for the dispatcher to finish; every
-// watcher's wake channel is closed. Later Watches return backend.ErrClosed.
+// Close closes the PubSub and waits for the dispatcher and the sender to
+// finish (commands still queued are dropped: closing the PubSub ends its
+// subscriptions); every watcher's wake channel is closed. Later Watches
+// return backend.ErrClosed.
 func (h *Hub) Close() {
 	h.mu.Lock()
 	h.closed = true
-	ps, done := h.ps, h.done
+	h.ops = nil
+	ps, done, sendDone := h.ps, h.done, h.sendDone
+	if ps != nil {
+		select {
+		case h.kick <- struct{}{}:
+		default:
+		}
+	}
 	h.mu.Unlock()
 	if ps != nil {
 		_ = ps.Close()
 		<-done
+		<-sendDone
 	}
 }
