@@ -196,10 +196,13 @@ func init() {
 // slowAcquireWait is the context of each acquire during the slow link;
 // slowOverrun bounds how long after it the acquire may return: clean-ups
 // ignore the context's end, within bounds of their own (a grant that came
-// back late is given back within 5s, the dlock layer's bound; the redis
-// backend deletes what a cut attempt may have taken within 2s; and a
-// failed Watch unsubscribes over a pub/sub connection that may have to be
-// made again, two round trips here).
+// back late is given back within 5s, the dlock layer's bound, one round
+// trip here unless the connection must be made again; the redis and
+// redlock backends delete what a cut attempt may have taken within 2s),
+// so 5s and a margin. The pub/sub wake-ups add nothing: internal/redishub
+// returns from Watch when the context ends and unsubscribes in the
+// background (before, a failed Watch waited for go-redis to make the
+// pub/sub connection again over the slow link, several round trips).
 const (
 	slowAcquireWait = 3 * time.Second
 	slowOverrun     = 6 * time.Second
