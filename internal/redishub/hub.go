@@ -25,19 +25,24 @@ import (
 // the barrier. Replies on one connection arrive in command order, and a
 // reconnecting PubSub re-subscribes all its channels before sending
 // anything else, so the barrier's confirmation proves the key's channel is
-// subscribed on the connection that delivers it. The barrier is then
+// subscribed on the connection that delivers it (the key's channel is in
+// the SUBSCRIBE of every Watch until the server has confirmed it, as a
+// failed SUBSCRIBE's channels are not re-subscribed). The barrier is then
 // unsubscribed. (Matching the key channel's own confirmation would not do:
 // after an UNSUBSCRIBE and a new SUBSCRIBE of the same channel, a late
 // confirmation of the old SUBSCRIBE could be taken for the new one.)
 //
 // Commands: the SUBSCRIBE and UNSUBSCRIBE commands are sent by one goroutine
-// of the Hub, in the order the watcher counts changed, each bounded by
-// opTimeout (a SUBSCRIBE by its caller's deadline when that is later), so
+// of the Hub, in the order the watcher counts changed, each with a context
+// of opTimeout (a SUBSCRIBE its caller's deadline when that is later), so
 // that no caller waits for them beyond its own context: a go-redis PubSub
 // command may have to make the connection first (dial and handshake, a few
 // round trips), and it waits for the PubSub's lock, which the PubSub's
 // receiving goroutine holds while it re-makes the connection with no
-// deadline of ours. Watch waits for its SUBSCRIBE and the confirmation until
+// deadline of ours. That wait ignores contexts: over a dead link a command
+// (and the ones queued behind it) can take the handshake's round trips
+// times the client's ReadTimeout (about 9s with go-redis's defaults), and
+// so can Close, which needs the same lock. Watch waits for its SUBSCRIBE and the confirmation until
 // its context ends; the clean-ups (the barrier's UNSUBSCRIBE, and that of a
 // channel whose last watcher stopped) are not waited for. A clean-up that
 // fails leaves no subscription behind: go-redis drops the channel from the
@@ -67,8 +72,9 @@ type Hub struct {
 	sendDone chan struct{} // closed when send has returned
 }
 
-// opTimeout bounds each SUBSCRIBE or UNSUBSCRIBE the Hub sends (a SUBSCRIBE
-// gets its caller's deadline instead when that is later). On a healthy
+// opTimeout is the context of each SUBSCRIBE or UNSUBSCRIBE the Hub sends
+// (a SUBSCRIBE gets its caller's deadline instead when that is later); it
+// does not bound a wait for the PubSub's lock (see Hub). On a healthy
 // link such a command is one write on the open connection, well under a
 // millisecond; making the connection again costs a dial and the
 // handshake, a few round trips, milliseconds on a LAN. 2s leaves room for
@@ -133,8 +139,7 @@ func (h *Hub) Watch(ctx context.Context, channel string) (<-chan struct{}, func(
 	}
 	done := h.done
 	wc := h.chans[channel]
-	first := wc == nil
-	if first {
+	if wc == nil {
 		wc = &watchedChan{watchers: map[chan struct{}]struct{}{}}
 		h.chans[channel] = wc
 	}
@@ -143,8 +148,13 @@ func (h *Hub) Watch(ctx context.Context, channel string) (<-chan struct{}, func(
 	barrier := h.barrier + strconv.FormatUint(h.seq, 10)
 	confirmed := make(chan struct{})
 	h.barriers[barrier] = confirmed
+	// The key's channel goes in every SUBSCRIBE until the server has
+	// confirmed it: an earlier watcher's SUBSCRIBE may fail, and go-redis
+	// does not re-subscribe the channels of a SUBSCRIBE whose write failed
+	// (it adds them to its set only after the write). A second
+	// confirmation is a spurious wake-up at worst.
 	subs := []string{barrier}
-	if first {
+	if !wc.confirmed {
 		subs = []string{channel, barrier}
 	}
 	// Queued under h.mu so that the SUBSCRIBE and UNSUBSCRIBE commands of
@@ -308,7 +318,8 @@ func wakeAll(wc *watchedChan) {
 // Close closes the PubSub and waits for the dispatcher and the sender to
 // finish (commands still queued are dropped: closing the PubSub ends its
 // subscriptions); every watcher's wake channel is closed. Later Watches
-// return backend.ErrClosed.
+// return backend.ErrClosed. Over a dead link Close can wait as long as the
+// PubSub's reconnect (see Hub), as it did before the sender existed.
 func (h *Hub) Close() {
 	h.mu.Lock()
 	h.closed = true
