@@ -32,6 +32,7 @@ type Violation struct {
 	Detail   string
 }
 
+// String returns the property and the detail, as one line.
 func (v Violation) String() string { return string(v.Property) + ": " + v.Detail }
 
 // Options tunes Check.

@@ -70,6 +70,7 @@ const (
 	Fault
 )
 
+// String returns the kind's name, such as "acquire".
 func (k Kind) String() string {
 	switch k {
 	case Acquire:
