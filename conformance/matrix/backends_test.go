@@ -69,6 +69,9 @@ type deployment struct {
 	// Redlock's first node, the etcd or ZooKeeper leader (found by asking
 	// the servers, never assumed).
 	leader func(ctx context.Context) (*servers.Server, error)
+	// etcd is an admin client of an etcd deployment (nil for the others),
+	// closed when the cell ends.
+	etcd *clientv3.Client
 	// expire makes the servers drop the lock held on key now, as an
 	// expiry would. It reports whether a lock was dropped and, if it can
 	// tell, its token (else 0: then the checker assumes any lease pending
@@ -117,6 +120,7 @@ var backends = []*backend{
 		t.Cleanup(func() { _ = admin.Close() })
 		return &deployment{
 			servers: c.Members,
+			etcd:    admin,
 			url:     func(a []string) string { return "etcd://" + strings.Join(a, ",") },
 			leader: func(ctx context.Context) (*servers.Server, error) {
 				return awaitLeader(ctx, c.Members, func(ctx context.Context, s *servers.Server) (bool, error) {
@@ -165,7 +169,7 @@ var backends = []*backend{
 			},
 			leader: func(ctx context.Context) (*servers.Server, error) {
 				return awaitLeader(ctx, e.Members, func(_ context.Context, s *servers.Server) (bool, error) {
-					mode, err := zkMode(s.Addr())
+					mode, _, err := zkState(s.Addr())
 					return mode == "leader", err
 				})
 			},
@@ -308,28 +312,40 @@ func awaitLeader(ctx context.Context, ss []*servers.Server, leads func(context.C
 	}
 }
 
-// zkMode asks a ZooKeeper server for its mode with the four-letter word
-// srvr: "leader", "follower" or "standalone".
-func zkMode(addr string) (string, error) {
+// zkState asks the ZooKeeper server at addr (four-letter word srvr)
+// for its mode and the epoch of its last zxid (its high 32 bits: the
+// leader's term).
+func zkState(addr string) (mode string, epoch uint64, err error) {
 	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Second))
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
 	if _, err := c.Write([]byte("srvr")); err != nil {
-		return "", err
+		return "", 0, err
 	}
 	out, err := io.ReadAll(c)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
+	var zxid string
 	for line := range strings.Lines(string(out)) {
-		if mode, ok := strings.CutPrefix(line, "Mode: "); ok {
-			return strings.TrimSpace(mode), nil
+		if v, ok := strings.CutPrefix(line, "Mode: "); ok {
+			mode = strings.TrimSpace(v)
+		}
+		if v, ok := strings.CutPrefix(line, "Zxid: "); ok {
+			zxid = strings.TrimSpace(v)
 		}
 	}
-	return "", fmt.Errorf("srvr on %s: no mode in %q", addr, out)
+	if mode == "" || zxid == "" {
+		return "", 0, fmt.Errorf("srvr on %s: no mode or zxid in %q", addr, out)
+	}
+	z, err := strconv.ParseUint(strings.TrimPrefix(zxid, "0x"), 16, 64)
+	if err != nil {
+		return "", 0, fmt.Errorf("srvr on %s: zxid %q: %w", addr, zxid, err)
+	}
+	return mode, z >> 32, nil
 }
 
 // zkQuiet drops the zk client's log lines.

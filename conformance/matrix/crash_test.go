@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -170,10 +167,10 @@ func crashFollows(t *testing.T, e *env, d *deployment, srv *servers.Server) bool
 	defer cancel()
 	switch e.b.name {
 	case bEtcd:
-		st, err := crashEtcdAdmin(t, d).Status(ctx, srv.Addr())
+		st, err := d.etcd.Status(ctx, srv.Addr())
 		return err == nil && st.Leader != 0 && st.Header.MemberId != st.Leader
 	case bZooKeeper:
-		mode, _, err := crashZKState(srv.Addr())
+		mode, _, err := zkState(srv.Addr())
 		return err == nil && mode == "follower"
 	}
 	return false
@@ -384,7 +381,7 @@ func runCrash(t *testing.T, e *env, p crashPersistence, lost func(*backend) int,
 	if unsafe {
 		// A contender takes the lock the restart lost while the victim's
 		// lease is valid.
-		crashAwait(t, e, "contender's grant after the restart", func(ops []check.Op) bool {
+		e.awaitOps(t, crashBound, "contender's grant after the restart", func(ops []check.Op) bool {
 			return crashHas(ops, func(op check.Op) bool { return op.Granted() && isContender(op) && op.End.After(restarted) })
 		})
 		if !time.Now().Before(victim.Deadline()) {
@@ -419,7 +416,7 @@ func runCrash(t *testing.T, e *env, p crashPersistence, lost func(*backend) int,
 	if !unsafe {
 		// A contender that waited while the victim held the lock after
 		// the restart gets it once released.
-		crashAwait(t, e, "grant, after the victim's release, of a contender that waited for it", func(ops []check.Op) bool {
+		e.awaitOps(t, crashBound, "grant, after the victim's release, of a contender that waited for it", func(ops []check.Op) bool {
 			return crashHas(ops, func(op check.Op) bool {
 				return op.Granted() && isContender(op) && op.Start.Before(released) && op.End.After(released)
 			})
@@ -429,7 +426,7 @@ func runCrash(t *testing.T, e *env, p crashPersistence, lost func(*backend) int,
 	}
 	// The contenders take turns after the release: a handoff sequence
 	// for the checker.
-	crashAwaitBound(t, e, crashHandoffsBound, fmt.Sprintf("%d contender grants after the victim's release", crashHandoffs), func(ops []check.Op) bool {
+	e.awaitOps(t, crashHandoffsBound, fmt.Sprintf("%d contender grants after the victim's release", crashHandoffs), func(ops []check.Op) bool {
 		return crashCount(ops, func(op check.Op) bool { return op.Granted() && isContender(op) && op.End.After(released) }) >= crashHandoffs
 	})
 	t.Logf("%d contender grants %v after the victim's release", crashHandoffs, time.Since(released).Round(time.Millisecond))
@@ -584,23 +581,6 @@ func crashOnlyOverlap(t *testing.T, e *env) {
 	}
 }
 
-// crashAwait polls the history until cond holds, failing t after
-// crashBound.
-func crashAwait(t *testing.T, e *env, what string, cond func([]check.Op) bool) {
-	t.Helper()
-	crashAwaitBound(t, e, crashBound, what, cond)
-}
-
-// crashAwaitBound is crashAwait with another bound.
-func crashAwaitBound(t *testing.T, e *env, bound time.Duration, what string, cond func([]check.Op) bool) {
-	t.Helper()
-	for end := time.Now().Add(bound); !cond(e.h.Ops()); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("no %s within %v", what, bound)
-		}
-	}
-}
-
 // crashAwaitRedis polls INFO on the Redis server at addr until it reports
 // want, failing t (waiting for what) after crashBound.
 func crashAwaitRedis(t *testing.T, addr, want, what string) {
@@ -709,7 +689,7 @@ func crashLeadership(t *testing.T, e *env, d *deployment, srv *servers.Server) u
 	t.Helper()
 	switch e.b.name {
 	case bEtcd:
-		st, err := crashEtcdAdmin(t, d).Status(t.Context(), srv.Addr())
+		st, err := d.etcd.Status(t.Context(), srv.Addr())
 		if err != nil {
 			t.Fatalf("status of %v: %v", srv, err)
 		}
@@ -718,7 +698,7 @@ func crashLeadership(t *testing.T, e *env, d *deployment, srv *servers.Server) u
 		}
 		return st.RaftTerm
 	case bZooKeeper:
-		mode, epoch, err := crashZKState(srv.Addr())
+		mode, epoch, err := zkState(srv.Addr())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -764,10 +744,10 @@ func crashAwaitServing(t *testing.T, e *env, d *deployment, killed *servers.Serv
 		var err error
 		switch e.b.name {
 		case bEtcd:
-			_, err = crashEtcdAdmin(t, d).Status(ctx, killed.Addr())
+			_, err = d.etcd.Status(ctx, killed.Addr())
 		case bZooKeeper:
 			var mode string
-			if mode, _, err = crashZKState(killed.Addr()); err == nil && mode != "leader" && mode != "follower" {
+			if mode, _, err = zkState(killed.Addr()); err == nil && mode != "leader" && mode != "follower" {
 				err = fmt.Errorf("%v is %q", killed, mode)
 			}
 		}
@@ -778,67 +758,4 @@ func crashAwaitServing(t *testing.T, e *env, d *deployment, killed *servers.Serv
 			t.Fatalf("the killed server %v did not serve again within %v: %v", killed, crashBound, err)
 		}
 	}
-}
-
-// crashEtcdAdmin returns an etcd client of the deployment (one per cell).
-func crashEtcdAdmin(t *testing.T, d *deployment) *clientv3.Client {
-	t.Helper()
-	crashAdminsMu.Lock()
-	defer crashAdminsMu.Unlock()
-	if c := crashAdmins[d]; c != nil {
-		return c
-	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: d.addrs(), DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	crashAdmins[d] = c
-	t.Cleanup(func() {
-		crashAdminsMu.Lock()
-		delete(crashAdmins, d)
-		crashAdminsMu.Unlock()
-		_ = c.Close()
-	})
-	return c
-}
-
-var (
-	crashAdminsMu sync.Mutex
-	crashAdmins   = map[*deployment]*clientv3.Client{}
-)
-
-// crashZKState asks the ZooKeeper server at addr (four-letter word srvr)
-// for its mode and the epoch of its last zxid (its high 32 bits: the
-// leader's term).
-func crashZKState(addr string) (mode string, epoch uint64, err error) {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return "", 0, err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := c.Write([]byte("srvr")); err != nil {
-		return "", 0, err
-	}
-	out, err := io.ReadAll(c)
-	if err != nil {
-		return "", 0, err
-	}
-	var zxid string
-	for line := range strings.Lines(string(out)) {
-		if v, ok := strings.CutPrefix(line, "Mode: "); ok {
-			mode = strings.TrimSpace(v)
-		}
-		if v, ok := strings.CutPrefix(line, "Zxid: "); ok {
-			zxid = strings.TrimSpace(v)
-		}
-	}
-	if mode == "" || zxid == "" {
-		return "", 0, fmt.Errorf("srvr on %s: no mode or zxid in %q", addr, out)
-	}
-	z, err := strconv.ParseUint(strings.TrimPrefix(zxid, "0x"), 16, 64)
-	if err != nil {
-		return "", 0, fmt.Errorf("srvr on %s: zxid %q: %w", addr, zxid, err)
-	}
-	return mode, z >> 32, nil
 }

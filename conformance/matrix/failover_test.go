@@ -173,7 +173,7 @@ func runFailover(t *testing.T, e *env) {
 	}
 
 	// A contender is granted when the grant's expiry passes.
-	crashAwaitBound(t, e, failoverTTL+crashBound, "contender's grant after the failover", func(ops []check.Op) bool {
+	e.awaitOps(t, failoverTTL+crashBound, "contender's grant after the failover", func(ops []check.Op) bool {
 		return crashHas(ops, func(op check.Op) bool { return op.Granted() && isContender(op) && op.End.After(killed) })
 	})
 	if victim.Err() != nil || !time.Now().Before(victim.Deadline()) {
@@ -194,7 +194,7 @@ func runFailover(t *testing.T, e *env) {
 	isNewRelease := func(op check.Op) bool {
 		return op.Kind == check.Release && isContender(op) && op.Start.After(released)
 	}
-	crashAwaitBound(t, e, crashBound, fmt.Sprintf("%d contender releases on the new primary after the victim's", failoverReleases), func(ops []check.Op) bool {
+	e.awaitOps(t, crashBound, fmt.Sprintf("%d contender releases on the new primary after the victim's", failoverReleases), func(ops []check.Op) bool {
 		return crashCount(ops, isNewRelease) >= failoverReleases
 	})
 	grantedAt := map[int]time.Time{}

@@ -464,6 +464,23 @@ func (e *env) probe(ctx context.Context, l *dlock.Locker) (stop func() int) {
 	}
 }
 
+// waitFor polls cond until it holds, failing t if it does not within bound.
+func waitFor(t *testing.T, bound time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(bound); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("waited %v for %s", bound, what)
+		}
+	}
+}
+
+// awaitOps polls the history until cond holds for its operations, failing
+// t if it does not within bound.
+func (e *env) awaitOps(t *testing.T, bound time.Duration, what string, cond func([]check.Op) bool) {
+	t.Helper()
+	waitFor(t, bound, what, func() bool { return cond(e.h.Ops()) })
+}
+
 // cycle is one client step: acquire the key (waiting up to wait; wait 0:
 // TryAcquire, bounded by 10s), update the register for hold, release. It
 // returns the lease's acquire error.

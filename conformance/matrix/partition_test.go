@@ -145,16 +145,6 @@ func runPartition(t *testing.T, e *env) {
 	waitFor(t, 10*time.Second, "two more contender grants after the victim's release", func() bool { return grants.Load() >= after+2 })
 }
 
-// waitFor polls cond until it holds, failing t if it does not within bound.
-func waitFor(t *testing.T, bound time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for end := time.Now().Add(bound); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("waited %v for %s", bound, what)
-		}
-	}
-}
-
 // stopContext returns a context derived from ctx that is cancelled when
 // stop is closed (or cancel called).
 func stopContext(ctx context.Context, stop <-chan struct{}) (context.Context, context.CancelFunc) {
