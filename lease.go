@@ -26,8 +26,9 @@ type Lease struct {
 	stopLoss context.CancelFunc // ends the loss watcher; nil if there is none
 	stopWD   context.CancelFunc // ends the watchdog; nil if there is none
 
-	opMu     sync.Mutex // serializes Refresh and Release calls to bl
-	returned bool       // bl.Release succeeded or found the lock gone; under opMu
+	opMu      sync.Mutex  // serializes Refresh and Release calls to bl
+	releasing atomic.Bool // a Release (or Close) has begun: a reported loss is ignored
+	returned  bool        // bl.Release succeeded or found the lock gone; under opMu
 
 	mu       sync.Mutex
 	ttl      time.Duration
@@ -53,7 +54,8 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 		ttl:      bl.TTL(),
 	}
 	le.setDeadline(start.Add(le.ttl - l.margin(le.ttl)))
-	notifier, _ := bl.(backend.LossNotifier)
+	notifier, _ := bl.(lossChan)
+	callback, _ := bl.(backend.LossNotifier)
 	// The loss watcher runs until the lease ends: a loss the backend
 	// reports while a Release or Close is under way still ends the lease.
 	// The watchdog also stops when Release or Close begins: a refresh in
@@ -102,6 +104,9 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 	le.mu.Unlock()
 	if expired != nil {
 		expired.checkDeadline()
+	}
+	if callback != nil && !closed {
+		callback.NotifyLoss(le.lost)
 	}
 	if closed {
 		// Close began while we were acquiring: give the lock back.
@@ -317,6 +322,7 @@ func (le *Lease) release(ctx context.Context, reason error) error {
 		}
 		return notHeld(err)
 	}
+	le.releasing.Store(true)
 	err := le.bl.Release(ctx)
 	switch {
 	case err == nil:
@@ -401,7 +407,24 @@ func (le *Lease) checkDeadline() {
 	}
 }
 
-func (le *Lease) watchLoss(ctx context.Context, n backend.LossNotifier) {
+// lossChan is the loss report of backends not yet moved to
+// backend.LossNotifier: a channel, watched by a goroutine per lease.
+type lossChan interface {
+	Lost() <-chan struct{}
+	LostErr() error
+}
+
+// lost ends the lease with err, the backend's report of its loss, unless
+// the lease is being released (a backend may see its own release as a
+// loss).
+func (le *Lease) lost(err error) {
+	if le.releasing.Load() {
+		return
+	}
+	le.end(err)
+}
+
+func (le *Lease) watchLoss(ctx context.Context, n lossChan) {
 	select {
 	case <-n.Lost():
 		le.end(n.LostErr())

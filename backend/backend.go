@@ -282,10 +282,46 @@ type Drifter interface {
 // LossNotifier is implemented by a [Lease] whose backend learns of loss by
 // itself (a session that expired, a watch on the lock key).
 type LossNotifier interface {
-	// Lost returns a channel that is closed when the backend knows the
-	// lease is lost. It returns the same channel on every call.
-	Lost() <-chan struct{}
-	// LostErr says why, once Lost is closed; the error wraps
-	// [ErrLeaseLost].
-	LostErr() error
+	// NotifyLoss registers f, to be called at most once, when the backend
+	// learns that the lease is lost; err wraps [ErrLeaseLost] and says
+	// why. The dlock layer calls NotifyLoss once, right after the grant
+	// and before any Refresh or Release of the lease. f does not block
+	// (it ends the lease under a mutex), and may be called from any
+	// goroutine, or from within NotifyLoss if the loss is known already.
+	// The lease's own Release is not a loss; a call of f that races with
+	// Release, or comes after it, is ignored by the dlock layer.
+	//
+	// A backend should not keep a goroutine per lease for this: one
+	// watch or event loop per Driver that dispatches to the leases keeps
+	// a Locker with many leases at O(1) goroutines.
+	NotifyLoss(f func(err error))
+}
+
+// BatchRefresher is implemented by a [Driver] that refreshes many leases
+// in fewer round trips than one each: a pipeline on Redis, one keepalive
+// stream on etcd, one read that proves the session on ZooKeeper. The dlock
+// layer's watchdog refreshes the auto-refreshed leases that come due
+// together through one RefreshBatch call.
+type BatchRefresher interface {
+	// RefreshBatch refreshes each reqs[i].Lease to reqs[i].TTL from now,
+	// with the meaning of [Lease.Refresh], and sets either
+	// reqs[i].Granted or reqs[i].Err (wrapping [ErrNotHeld] for a lease
+	// that is no longer ours, [ErrUnavailable] when the outcome is not
+	// known). Every lease was granted by this Driver, and none is
+	// refreshed or released concurrently with the call. It returns once
+	// every request has an outcome, or when ctx ends: requests without
+	// an outcome then get an error wrapping ErrUnavailable and ctx.Err().
+	RefreshBatch(ctx context.Context, reqs []RefreshRequest)
+}
+
+// RefreshRequest is one lease's part of a [BatchRefresher.RefreshBatch]
+// call.
+type RefreshRequest struct {
+	// Lease and TTL are the lease to refresh and the TTL asked for.
+	Lease Lease
+	TTL   time.Duration
+	// Granted is the TTL granted, set on success.
+	Granted time.Duration
+	// Err is set on failure.
+	Err error
 }
