@@ -27,7 +27,6 @@ type Lease struct {
 	stopWD   context.CancelFunc // ends the watchdog; nil if there is none
 
 	opMu      sync.Mutex  // serializes Refresh and Release calls to bl
-	releasing atomic.Bool // a Release (or Close) has begun: a reported loss is ignored
 	returned  bool        // bl.Release succeeded or found the lock gone; under opMu
 
 	mu       sync.Mutex
@@ -106,7 +105,7 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 		expired.checkDeadline()
 	}
 	if callback != nil && !closed {
-		callback.NotifyLoss(le.lost)
+		callback.NotifyLoss(le.end)
 	}
 	if closed {
 		// Close began while we were acquiring: give the lock back.
@@ -322,7 +321,6 @@ func (le *Lease) release(ctx context.Context, reason error) error {
 		}
 		return notHeld(err)
 	}
-	le.releasing.Store(true)
 	err := le.bl.Release(ctx)
 	switch {
 	case err == nil:
@@ -412,16 +410,6 @@ func (le *Lease) checkDeadline() {
 type lossChan interface {
 	Lost() <-chan struct{}
 	LostErr() error
-}
-
-// lost ends the lease with err, the backend's report of its loss, unless
-// the lease is being released (a backend may see its own release as a
-// loss).
-func (le *Lease) lost(err error) {
-	if le.releasing.Load() {
-		return
-	}
-	le.end(err)
 }
 
 func (le *Lease) watchLoss(ctx context.Context, n lossChan) {

@@ -288,8 +288,11 @@ type LossNotifier interface {
 	// and before any Refresh or Release of the lease. f does not block
 	// (it ends the lease under a mutex), and may be called from any
 	// goroutine, or from within NotifyLoss if the loss is known already.
-	// The lease's own Release is not a loss; a call of f that races with
-	// Release, or comes after it, is ignored by the dlock layer.
+	// The lease's own Release is not a loss: the backend must not report
+	// the effect of its own release (say, the deletion of the lock key)
+	// as one. A loss from elsewhere while a Release is under way is
+	// reported (the dlock layer then ends the lease as lost); a call of
+	// f after Release has returned is ignored.
 	//
 	// A backend should not keep a goroutine per lease for this: one
 	// watch or event loop per Driver that dispatches to the leases keeps
