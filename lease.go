@@ -26,8 +26,8 @@ type Lease struct {
 	stopLoss context.CancelFunc // ends the loss watcher; nil if there is none
 	stopWD   context.CancelFunc // ends the watchdog; nil if there is none
 
-	opMu      sync.Mutex  // serializes Refresh and Release calls to bl
-	returned  bool        // bl.Release succeeded or found the lock gone; under opMu
+	opMu     sync.Mutex // serializes Refresh and Release calls to bl
+	returned bool       // bl.Release succeeded or found the lock gone; under opMu
 
 	mu       sync.Mutex
 	ttl      time.Duration
