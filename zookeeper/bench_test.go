@@ -19,11 +19,11 @@ import (
 // own key, on a standalone server, beside go-zookeeper's zk.Lock (one
 // session for all goroutines in both cases):
 //
-//	zklock  zk.NewLock(conn, path, acl): Lock + Unlock
-//	locker  dlock Locker.Acquire + Lease.Release (protected create,
-//	        children, exists for the czxid; delete)
+//	lib=zklock  zk.NewLock(conn, path, acl): Lock + Unlock
+//	lib=dlock   dlock Locker.Acquire + Lease.Release
 //
-//	make bench ARGS='-bench . -count 6 ./zookeeper/' | tee /tmp/zk.txt
+//	make bench ARGS='-bench Cycle -count 6 ./zookeeper/' | tee /tmp/zk.txt
+//	benchstat -col /lib /tmp/zk.txt
 func BenchmarkCycle(b *testing.B) {
 	srv := servers.ZooKeeper(b, 1).Servers()
 	conn := adminConn(b, srv)
@@ -47,7 +47,7 @@ func BenchmarkCycle(b *testing.B) {
 				return m.Unlock()
 			}
 		}},
-		{"locker", func(key string) func() error {
+		{"dlock", func(key string) func() error {
 			ao := &dlock.AcquireOptions{TTL: 30 * time.Second}
 			return func() error {
 				le, err := l.Acquire(ctx, key, ao)
@@ -60,7 +60,7 @@ func BenchmarkCycle(b *testing.B) {
 	}
 	for _, cy := range cycles {
 		for _, p := range []int{1, 16} {
-			b.Run(fmt.Sprintf("%s/p%d", cy.name, p), func(b *testing.B) {
+			b.Run(fmt.Sprintf("lib=%s/p=%d", cy.name, p), func(b *testing.B) {
 				b.SetParallelism(max(1, p/runtime.GOMAXPROCS(0)))
 				b.RunParallel(func(pb *testing.PB) {
 					cycle := cy.cycle(newKey())
@@ -79,8 +79,8 @@ func BenchmarkCycle(b *testing.B) {
 // BenchmarkHandoff measures contended handoff on one key
 // (conformance.BenchHandoff: 8 goroutines, each with its own session):
 //
-//	zklock  zk.NewLock on its own connection
-//	locker  dlock Locker.Acquire
+//	lib=zklock  zk.NewLock on its own connection
+//	lib=dlock   dlock Locker.Acquire
 func BenchmarkHandoff(b *testing.B) {
 	const goroutines = 8
 	srv := servers.ZooKeeper(b, 1).Servers()
@@ -94,14 +94,14 @@ func BenchmarkHandoff(b *testing.B) {
 				return func(context.Context) error { return m.Unlock() }, m.Lock()
 			}
 		}},
-		{"locker", func(b *testing.B, key string) conformance.LockFunc {
+		{"dlock", func(b *testing.B, key string) conformance.LockFunc {
 			l := newLocker(b, srv, nil)
 			ao := &dlock.AcquireOptions{TTL: 30 * time.Second}
 			return conformance.LockerFunc(l, key, ao)
 		}},
 	}
 	for _, mk := range makers {
-		b.Run(mk.name, func(b *testing.B) {
+		b.Run("lib="+mk.name, func(b *testing.B) {
 			key := fmt.Sprintf("handoff-%d", time.Now().UnixNano())
 			locks := make([]conformance.LockFunc, goroutines)
 			for i := range locks {
