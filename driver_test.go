@@ -584,9 +584,9 @@ func TestMaxHoldBelowRoundedTTL(t *testing.T) {
 	}
 }
 
-// lossDriver is a memory driver whose leases report loss through their own
-// channel (backend.LossNotifier) and whose releases hang until their
-// context ends.
+// lossDriver is a memory driver whose leases report loss when its lost
+// channel is closed (backend.LossNotifier) and whose releases hang until
+// their context ends.
 type lossDriver struct {
 	backend.Driver
 	lost     chan struct{}
@@ -607,9 +607,11 @@ type lossLease struct {
 	d *lossDriver
 }
 
-func (l *lossLease) Lost() <-chan struct{} { return l.d.lost }
-func (l *lossLease) LostErr() error {
-	return fmt.Errorf("%w: the server dropped it", backend.ErrLeaseLost)
+func (l *lossLease) NotifyLoss(f func(error)) {
+	go func() {
+		<-l.d.lost
+		f(fmt.Errorf("%w: the server dropped it", backend.ErrLeaseLost))
+	}()
 }
 
 func (l *lossLease) Release(ctx context.Context) error {

@@ -24,7 +24,7 @@ type Lease struct {
 	bl       backend.Lease
 	askedTTL time.Duration
 	stopLoss context.CancelFunc // ends the loss watcher; nil if there is none
-	stopWD   context.CancelFunc // ends the watchdog; nil if there is none
+	wd       *wdEntry           // in the Locker's watchdog; nil without AutoRefresh
 
 	opMu     sync.Mutex // serializes Refresh and Release calls to bl
 	returned bool       // bl.Release succeeded or found the lock gone; under opMu
@@ -59,12 +59,9 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 	// reports while a Release or Close is under way still ends the lease.
 	// The watchdog also stops when Release or Close begins: a refresh in
 	// flight gives way to the release rather than hold it up.
-	var lossCtx, wdCtx context.Context
+	var lossCtx context.Context
 	if notifier != nil {
 		lossCtx, le.stopLoss = context.WithCancel(context.Background())
-	}
-	if ao.AutoRefresh {
-		wdCtx, le.stopWD = context.WithCancel(l.closing)
 	}
 
 	// le.mu is held until the lease is set up: the goroutines can end it
@@ -92,11 +89,8 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 			if le.ttl > roundUp(ttl, l.limits.Resolution) {
 				floor = max(floor, le.ttl)
 			}
-			l.bg.Add(1)
-			go func() {
-				defer l.bg.Done()
-				le.watchdog(wdCtx, ttl, floor, maxUntil)
-			}()
+			le.wd = &wdEntry{le: le, ttl: ttl, floor: floor, maxUntil: maxUntil, interval: ttl / 3, idx: -1}
+			l.wd.add(le.wd)
 		}
 	}
 	l.mu.Unlock()
@@ -235,6 +229,12 @@ func (le *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 	}
 	start := time.Now()
 	granted, err := le.bl.Refresh(ctx, ttl)
+	return le.settle(ctx, start, ttl, granted, err)
+}
+
+// settle applies the outcome of a refresh to ttl requested at start: the
+// TTL granted, or err. le.opMu is held.
+func (le *Lease) settle(ctx context.Context, start time.Time, ttl, granted time.Duration, err error) error {
 	if err != nil {
 		if errors.Is(err, ErrNotHeld) {
 			le.end(fmt.Errorf("%w: refresh found the lock no longer ours", ErrLeaseLost))
@@ -308,9 +308,7 @@ var errReleased = fmt.Errorf("%w: released", ErrNotHeld)
 // that does not answer until the lease's deadline) is cancelled rather than
 // waited for, since the lease ends here whatever the outcome.
 func (le *Lease) release(ctx context.Context, reason error) error {
-	if le.stopWD != nil {
-		le.stopWD()
-	}
+	le.stopWatchdog()
 	le.opMu.Lock()
 	defer le.opMu.Unlock()
 	if err := le.Err(); err != nil {
@@ -375,9 +373,7 @@ func (le *Lease) endLocked(err error) {
 	if le.stopLoss != nil {
 		le.stopLoss()
 	}
-	if le.stopWD != nil {
-		le.stopWD()
-	}
+	le.stopWatchdog()
 	le.l.mu.Lock()
 	le.l.unlink(le)
 	le.l.mu.Unlock()
@@ -420,37 +416,9 @@ func (le *Lease) watchLoss(ctx context.Context, n lossChan) {
 	}
 }
 
-// watchdog refreshes the lease every ttl/3 (sooner after a failed refresh),
-// never past maxUntil (see watchdogTTL; floor is the least TTL the backend
-// was seen to grant, 0 if none).
-func (le *Lease) watchdog(ctx context.Context, ttl, floor time.Duration, maxUntil time.Time) {
-	interval := ttl / 3
-	t := time.NewTimer(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		next, ok := le.l.watchdogTTL(ttl, time.Until(maxUntil), floor)
-		if !ok {
-			// MaxHold reached: let the lease run out.
-			return
-		}
-		// A refresh that cannot finish before the deadline is of no use,
-		// and must not hold up Release or Close while the backend hangs.
-		rctx, cancel := context.WithDeadline(ctx, le.Deadline())
-		err := le.refresh(rctx, next)
-		cancel()
-		switch {
-		case err == nil:
-			t.Reset(interval)
-		case errors.Is(err, ErrNotHeld) || ctx.Err() != nil:
-			return
-		default:
-			le.l.log.Warn("dlock: background refresh failed; retrying", "key", le.key, "err", err)
-			t.Reset(interval / 3)
-		}
+// stopWatchdog takes the lease out of the Locker's watchdog, if it is in it.
+func (le *Lease) stopWatchdog() {
+	if le.wd != nil {
+		le.l.wd.stop(le.wd)
 	}
 }

@@ -138,7 +138,8 @@ type Locker struct {
 	closing   context.Context // cancelled by Close
 	close     context.CancelFunc
 	closeDone chan struct{}  // closed when Close has finished
-	bg        sync.WaitGroup // leases' watchdogs and loss watchers
+	bg        sync.WaitGroup // the watchdog and its batches, loss watchers
+	wd        watchdog
 
 	mu       sync.Mutex
 	closed   bool
@@ -158,6 +159,7 @@ type Locker struct {
 // before any I/O.
 func New(d backend.Driver, opts *Options) *Locker {
 	l := &Locker{drv: d, limits: d.Limits(), closeDone: make(chan struct{}), epoch: time.Now()}
+	l.wd.l = l
 	l.closing, l.close = context.WithCancel(context.Background())
 	if opts != nil {
 		l.opts = *opts

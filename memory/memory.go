@@ -62,8 +62,8 @@ type Store struct {
 type grant struct {
 	token   uint64
 	expires time.Time
-	lost    chan struct{}
-	reason  error
+	reason  error       // why it was dropped, other than by Release
+	onLost  func(error) // the holder's loss callback (NotifyLoss)
 }
 
 // NewStore returns an empty store.
@@ -122,7 +122,9 @@ func (s *Store) drop(key string, g *grant, reason error) {
 	delete(s.locks, key)
 	if reason != nil {
 		g.reason = reason
-		close(g.lost)
+		if g.onLost != nil {
+			go g.onLost(reason) // not under s.mu
+		}
 	}
 	for ch := range s.watchers[key] {
 		select {
@@ -170,7 +172,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 		return nil, &backend.HeldError{RetryAfter: g.expires.Sub(now)}
 	}
 	s.tokens[key]++
-	g := &grant{token: s.tokens[key], expires: now.Add(ttl), lost: make(chan struct{})}
+	g := &grant{token: s.tokens[key], expires: now.Add(ttl)}
 	s.locks[key] = g
 	return &lease{s: s, key: key, g: g, ttl: ttl}, nil
 }
@@ -236,12 +238,15 @@ func (l *lease) Release(ctx context.Context) error {
 	return nil
 }
 
-// Lost implements backend.LossNotifier: closed when the store drops the grant
-// other than by Release (Expire, or the TTL ran out and someone looked).
-func (l *lease) Lost() <-chan struct{} { return l.g.lost }
-
-func (l *lease) LostErr() error {
+// NotifyLoss implements backend.LossNotifier: f is called when the store
+// drops the grant other than by Release (Expire, or the TTL ran out and
+// someone looked).
+func (l *lease) NotifyLoss(f func(error)) {
 	l.s.mu.Lock()
 	defer l.s.mu.Unlock()
-	return l.g.reason
+	if l.g.reason != nil {
+		go f(l.g.reason)
+		return
+	}
+	l.g.onLost = f
 }

@@ -1,0 +1,100 @@
+package dlock_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/memory"
+)
+
+// batchDriver is a memory driver that refreshes through
+// backend.BatchRefresher and counts the batches and the leases in them.
+type batchDriver struct {
+	backend.Driver
+	mu      sync.Mutex
+	batches int
+	leases  int
+	largest int
+}
+
+func (d *batchDriver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest) {
+	d.mu.Lock()
+	d.batches++
+	d.leases += len(reqs)
+	d.largest = max(d.largest, len(reqs))
+	d.mu.Unlock()
+	for i := range reqs {
+		r := &reqs[i]
+		r.Granted, r.Err = r.Lease.Refresh(ctx, r.TTL)
+	}
+}
+
+func (d *batchDriver) counts() (batches, leases, largest int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.batches, d.leases, d.largest
+}
+
+// Many auto-refreshed leases on one Locker cost O(1) goroutines, are
+// refreshed in batches through the driver's BatchRefresher, and none is
+// lost. (Before the Locker-wide watchdog, every lease had a goroutine of
+// its own and was refreshed alone: this test saw 2,000 more goroutines and
+// no batch.)
+func TestWatchdogBatchesRefreshes(t *testing.T) {
+	const n = 2000
+	d := &batchDriver{Driver: memory.NewDriver(memory.NewStore())}
+	l := dlock.New(d, nil)
+	defer l.Close()
+	before := runtime.NumGoroutine()
+	ao := &dlock.AcquireOptions{TTL: 600 * time.Millisecond, AutoRefresh: true, MaxHold: time.Hour}
+	leases := make([]*dlock.Lease, n)
+	for i := range leases {
+		le, err := l.TryAcquire(t.Context(), fmt.Sprintf("k%d", i), ao)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases[i] = le
+		le.Done() // a deadline timer, as a holder that watches Done has
+	}
+	// Until every lease has been refreshed three times over (the TTL is
+	// 600 ms, refreshed every 200 ms).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, refreshed, _ := d.counts()
+		if refreshed >= 3*n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d refreshes of %d leases in 30 s", refreshed, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if grown := runtime.NumGoroutine() - before; grown > 2*maxBatchesForTest {
+		t.Errorf("%d auto-refreshed leases added %d goroutines, want O(1)", n, grown)
+	}
+	for i, le := range leases {
+		if err := le.Err(); err != nil {
+			t.Fatalf("lease %d ended: %v", i, err)
+		}
+	}
+	batches, refreshed, largest := d.counts()
+	t.Logf("%d refreshes in %d batches (largest %d)", refreshed, batches, largest)
+	if largest < 2 {
+		t.Errorf("no batch refreshed more than one lease (%d refreshes in %d batches)", refreshed, batches)
+	}
+	for _, le := range leases {
+		if err := le.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// maxBatchesForTest bounds the goroutines the watchdog may add: its loop
+// and the batches in flight.
+const maxBatchesForTest = 10
