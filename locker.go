@@ -24,6 +24,7 @@
 package dlock
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -140,6 +141,9 @@ type Locker struct {
 	closeDone chan struct{}  // closed when Close has finished
 	bg        sync.WaitGroup // the watchdog and its batches, loss watchers
 	wd        watchdog
+
+	lineMu sync.Mutex
+	lines  map[string]*line // waiters in line per key, under lineMu
 
 	mu       sync.Mutex
 	closed   bool
@@ -313,11 +317,16 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 		}
 		return false
 	}
-	if !wait || queuer == nil {
+	// tried: the first attempt was made here. A waiter that finds other
+	// waiters of this Locker in line for the key makes none before its
+	// turn: the head of the line attempts for all (see line).
+	tried := false
+	if !wait || (queuer == nil && !l.inLine(key)) {
 		lease, err = l.try(ctx, key, &ao, l.drv.TryAcquire)
 		if err == nil || !wait || !goOn(ctx, err) {
 			return lease, l.acquireErr(ctx, op, key, err)
 		}
+		tried = true
 	}
 
 	// Wait. From here on Close ends the wait: the context is cancelled
@@ -330,18 +339,32 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 		lease, err = l.try(ctx, key, &ao, queuer.Acquire)
 		return lease, l.acquireErr(ctx, op, key, err)
 	}
-	var (
-		wake      <-chan struct{}
-		stopWatch func()
-	)
-	defer func() {
-		if stopWatch != nil {
-			stopWatch()
+	ln, me := l.joinLine(key)
+	defer l.leaveLine(key, ln, me)
+	if !tried {
+		err = fmt.Errorf("%w: waiting in line behind this Locker's other waiters for the key", ErrNotAcquired)
+	}
+	select {
+	case <-me.Value.(chan struct{}):
+	case <-ctx.Done():
+		return nil, l.acquireErr(ctx, op, key, err)
+	}
+	// At the head of the line: only this waiter makes attempts now. A wake-up
+	// that came before its turn is stale: its first attempt comes after it.
+	wake := l.lineWatch(ln)
+	if wake != nil {
+		select {
+		case <-wake:
+		default:
 		}
-	}()
+	}
 	waiter, _ := l.drv.(backend.Waiter)
-	for attempt := 0; ; {
-		if failures > 0 {
+	for attempt, now := 0, !tried; ; {
+		if now {
+			// The head's first attempt, at once (it marks the lock as
+			// waited for where the backend needs that to wake us).
+			now = false
+		} else if failures > 0 {
 			// Back off from a failure, whatever a watch reports: a
 			// release does not end it.
 			if sleep(ctx, l.backoff(failureBackoff, failures-1), nil) != nil {
@@ -361,7 +384,8 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 				case werr == nil:
 					// Try again at once: the key may have been
 					// freed before the watch was in force.
-					wake, stopWatch, watched = ch, stop, true
+					l.setWatch(ln, ch, stop)
+					wake, watched = ch, true
 				case ctx.Err() != nil:
 					return nil, l.acquireErr(ctx, op, key, werr)
 				default:
@@ -381,6 +405,80 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 			return lease, l.acquireErr(ctx, op, key, err)
 		}
 	}
+}
+
+// line is a Locker's waiters for one key, in arrival order. Only the head
+// of the line makes attempts; the others wait for their turn. So a release
+// costs one attempt per Locker, not one per waiter (no herd), and the
+// waiters of one Locker are served in order. The backend watch (Waiter) is
+// the line's: made by the first head that needs it, kept while anyone
+// waits, and read by the head only.
+type line struct {
+	waiters list.List // of chan struct{}, closed when that waiter's turn comes
+	wake    <-chan struct{}
+	stop    func()
+}
+
+// inLine reports whether waiters of this Locker are in line for key.
+func (l *Locker) inLine(key string) bool {
+	l.lineMu.Lock()
+	defer l.lineMu.Unlock()
+	return l.lines[key] != nil
+}
+
+// joinLine puts a waiter at the end of key's line. Its channel is closed
+// when it is the head.
+func (l *Locker) joinLine(key string) (*line, *list.Element) {
+	l.lineMu.Lock()
+	defer l.lineMu.Unlock()
+	ln := l.lines[key]
+	if ln == nil {
+		if l.lines == nil {
+			l.lines = map[string]*line{}
+		}
+		ln = &line{}
+		l.lines[key] = ln
+	}
+	turn := make(chan struct{})
+	if ln.waiters.Len() == 0 {
+		close(turn)
+	}
+	return ln, ln.waiters.PushBack(turn)
+}
+
+// leaveLine takes the waiter out of key's line: the next one becomes the
+// head if it was, and the watch ends with the last one.
+func (l *Locker) leaveLine(key string, ln *line, me *list.Element) {
+	l.lineMu.Lock()
+	head := ln.waiters.Front() == me
+	ln.waiters.Remove(me)
+	var stop func()
+	switch {
+	case ln.waiters.Len() == 0:
+		delete(l.lines, key)
+		stop = ln.stop
+	case head:
+		close(ln.waiters.Front().Value.(chan struct{}))
+	}
+	l.lineMu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// lineWatch returns the line's wake-up channel (nil before a watch is
+// made).
+func (l *Locker) lineWatch(ln *line) <-chan struct{} {
+	l.lineMu.Lock()
+	defer l.lineMu.Unlock()
+	return ln.wake
+}
+
+// setWatch records the line's watch, made by its head.
+func (l *Locker) setWatch(ln *line, wake <-chan struct{}, stop func()) {
+	l.lineMu.Lock()
+	defer l.lineMu.Unlock()
+	ln.wake, ln.stop = wake, stop
 }
 
 // acquireErr is the error of an acquire that ended with err (nil: success).
