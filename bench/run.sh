@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# bench/run.sh — dlock beside its peers on the same servers, in one run,
+# and the benchstat tables (`make peers` runs it).
+#
+#   bench/run.sh                 # -count 6, -benchtime 1s, every benchmark
+#   bench/run.sh --smoke         # every benchmark once (-benchtime 1x, the
+#                                # scale workloads shrunk by
+#                                # DLOCK_BENCH_SMALL=1), no tables: catches
+#                                # a broken harness
+#
+# Knobs (environment): COUNT (default 6), BENCHTIME (default 1s; keep it a
+# duration: the scale workloads run once per iteration and skip themselves
+# under an iteration count such as 2000x), BENCH (the -bench regexp,
+# default every peer and scale benchmark of this module but the Redlock
+# package's own), OUT (directory for the raw output and the tables,
+# default a new temporary directory).
+#
+# It sets the servers up as `make test` does (scripts/test.sh --setup-only),
+# runs one `go test -bench` in this module (which starts the servers
+# through conformance/servers), and prints, per backend and peer, a
+# benchstat table with the peer as the base column, so the dlock column
+# reads "dlock vs peer".
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+
+smoke=false
+if [ "${1:-}" = "--smoke" ]; then
+	smoke=true
+	shift
+fi
+
+env=$("$root/scripts/test.sh" --setup-only)
+eval "$env"
+
+cd "$here"
+if $smoke; then
+	DLOCK_BENCH_SMALL=1 exec go test -run '^$' -bench "${BENCH:-.}" -benchtime 1x -count 1 -timeout 20m .
+fi
+
+count="${COUNT:-6}"
+benchtime="${BENCHTIME:-1s}"
+bench="${BENCH:-^Benchmark(Cycle|Handoff|ScaleLeases|ScaleWaiters)$}"
+out="${OUT:-$(mktemp -d /tmp/dlock-peers.XXXXXX)}"
+mkdir -p "$out"
+
+if ! command -v benchstat >/dev/null; then
+	go install golang.org/x/perf/cmd/benchstat@latest
+	PATH="$PATH:$(go env GOPATH)/bin"
+fi
+
+echo "==> go test -run '^\$' -bench '$bench' -benchtime $benchtime -count $count  (raw output: $out/raw.txt)" >&2
+start=$(date +%s)
+go test -run '^$' -bench "$bench" -benchtime "$benchtime" -count "$count" -timeout 0 . >"$out/raw.txt" 2>"$out/stderr.txt" || {
+	tail -50 "$out/raw.txt" "$out/stderr.txt" >&2
+	exit 1
+}
+echo "==> took $(($(date +%s) - start))s" >&2
+
+# Keep only benchmark lines and the header lines benchstat needs (the
+# servers' start-up log goes to stderr, but be safe).
+grep -E '^(Benchmark|goos:|goarch:|pkg:|cpu:)' "$out/raw.txt" >"$out/bench.txt"
+
+{
+	for pair in redis:raw redis:redislock redis:redsync redlock:redsync \
+		etcd:mutex-reused etcd:mutex-session zookeeper:zklock; do
+		be=${pair%%:*} peer=${pair#*:}
+		echo "### backend=$be: dlock vs $peer"
+		benchstat -filter "/backend:$be /lib:($peer OR dlock)" -col "/lib@($peer dlock)" "$out/bench.txt"
+		echo
+	done
+	echo "### scale workloads (dlock only)"
+	benchstat -filter '.name:(ScaleLeases OR ScaleWaiters)' "$out/bench.txt"
+} | tee "$out/tables.txt"
+echo "==> raw output and tables in $out" >&2
