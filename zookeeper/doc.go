@@ -31,8 +31,12 @@
 //   - The node with the lowest sequence number holds the lock. Every other
 //     waiter watches only its immediate predecessor (no herd effect), so
 //     the lock is granted first come, first served.
-//   - When granted, the node's Stat is read: it proves the node (and so the
-//     session) still exists, and its czxid is the token.
+//   - The listing of the queue and a read of our own node (with a watch on
+//     it) are sent together, in one round trip after the create: an
+//     uncontended acquire takes two round trips, as go-zookeeper's Lock,
+//     and Release one (a delete). When we are first, the read's Stat proves
+//     the node (owned by our session) still exists, and its czxid is the
+//     token.
 //   - A cancelled or failed acquire returns at once and deletes its node in
 //     the background: the task retries until the node is gone, its session
 //     has ended (the server then deletes it) or the Locker is closed
@@ -70,9 +74,48 @@
 //   - A lease not refreshed within its TTL is given up by the holder itself:
 //     the driver deletes its node when the TTL runs out (a live client's
 //     pings would otherwise keep it forever).
-//   - Refresh is one round trip that checks our node still exists (and tells
-//     the server the session is alive), then restarts the TTL. The TTL can
-//     be changed freely within the bound; it reports the TTL asked.
+//   - Refresh writes nothing (no transaction: the zxid does not move). It
+//     is described below; it restarts the TTL, which can be changed freely
+//     within the bound, and reports the TTL asked.
+//
+// The lease is the session, so a refresh must prove two things as of a
+// moment no earlier than its start: that the session was alive, and that
+// our node was not deleted. A plain read (Exists or Get of the node) proves
+// less than it seems: it is answered by the server we are connected to,
+// which may be a follower behind the leader. A reply tells that the node
+// existed in that server's state, and that this server had not closed our
+// session (a server closes the connection of a session when it applies
+// its expiry); it cannot tell that the leader has not already expired the
+// session, or committed a deletion of the node, which the follower has yet
+// to apply. On a follower cut off from the leader, such reads go on being
+// answered (until the follower gives up on the leader, syncLimit ticks),
+// while the leader may expire the session: a refresh by plain read could
+// then extend a Deadline past the moment another holder is granted.
+//
+// So a refresh is a probe of the session: a sync request, which the
+// follower passes through the leader and answers once it has applied
+// everything the leader had ordered before it. It is not a transaction
+// (nothing is logged, the zxid does not move). Its reply on the same
+// connection proves that the session was alive when the leader ordered
+// the sync, at or after the refresh began: had the session expired, its
+// closing (and the deletion of its nodes) would come first, and the
+// server would close the connection instead of replying. And ZooKeeper
+// sends a watch event before the reply to any later request, so every
+// deletion of our node committed before the sync has reached us as an
+// event before the probe's reply, if the node's watch (set by the read
+// that granted the lease) was in force on that connection before the
+// probe was sent. The driver's one event loop marks a lease lost on that
+// event; a lease not so marked when the probe returns is still ours.
+//
+// One probe serves every lease: refreshes that come while a probe is in
+// flight share the next one, and [Driver.RefreshBatch] (the dlock layer's
+// watchdog) refreshes any number of leases with one request. After a
+// reconnect, watches set on the old connection are set again by the client
+// library at a moment we cannot observe, so the first refresh of each lease
+// on a new connection reads its node again (with a watch), after the probe
+// on the same connection: one read each, in parallel, then none until the
+// next reconnect. Refresh fails at once with ErrUnavailable while
+// disconnected, or when the connection changed during the probe.
 //
 // # Failures
 //
@@ -110,9 +153,12 @@
 // reconnects within the session timeout) or expire. While disconnected,
 // Refresh fails at once with ErrUnavailable, so the lease ends at its
 // Deadline unless the session comes back in time; the driver logs the
-// state change. Expired is lost: each lease watches its node, and a
-// deletion (by session expiry, or by anyone else) fires Done with
-// ErrLeaseLost; Release then returns ErrNotHeld.
+// state change. Expired is lost: the session's event callback (one per
+// Driver, no goroutine per lease) marks every lease lost on the session's
+// expiry, and a lease lost when the server reports its node's deletion (by
+// anyone but its own Release); one dispatcher goroutine per Driver then
+// reports it to the dlock layer (backend.LossNotifier), which fires Done
+// with ErrLeaseLost; Release then returns ErrNotHeld.
 //
 // # Keys
 //

@@ -23,6 +23,13 @@ import (
 	"github.com/dlock-go/dlock/internal/bg"
 )
 
+var (
+	_ backend.Queuer         = (*Driver)(nil)
+	_ backend.BatchRefresher = (*Driver)(nil)
+	_ backend.LossNotifier   = (*lease)(nil)
+	_ backend.Anchored       = (*lease)(nil)
+)
+
 // Defaults of [Options].
 const (
 	DefaultPrefix         = "/dlock"
@@ -77,9 +84,9 @@ type Options struct {
 	Locker *dlock.Options
 }
 
-// Driver is the ZooKeeper implementation of backend.Driver and
-// backend.Queuer. It owns one ZooKeeper session, shared by all leases taken
-// through it.
+// Driver is the ZooKeeper implementation of backend.Driver,
+// backend.Queuer and backend.BatchRefresher. It owns one ZooKeeper session,
+// shared by all leases taken through it.
 type Driver struct {
 	conn    *zk.Conn
 	prefix  string
@@ -104,7 +111,19 @@ type Driver struct {
 	cancel context.CancelFunc
 	once   sync.Once
 
-	bg bg.Group // calls abandoned by their callers, clean-ups, loss watchers
+	bg bg.Group // calls abandoned by their callers, clean-ups, probes, the loss dispatcher
+
+	// The held leases, for the loss watches and refreshes (lease.go).
+	leaseMu sync.Mutex
+	leases  map[string]*lease // by node path
+	gen     uint64            // connections with our session so far (StateHasSession), and expiries
+	probes  uint64            // session probes sent so far
+	pending []lossNote        // losses for the dispatcher to report
+	wake    chan struct{}     // (capacity 1) pending has entries
+
+	probeMu   sync.Mutex
+	nextProbe *probe // the probe that refreshes join, not sent yet
+	probing   bool   // runProbes is running
 }
 
 // New connects to the ensemble (servers are host:port), waits for a session,
@@ -157,7 +176,8 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 	}
 
 	d := &Driver{prefix: o.Prefix, servers: len(servers), log: o.Logger, acl: zk.WorldACL(zk.PermAll),
-		linkDown: time.Now(), linkChanged: make(chan struct{})}
+		linkDown: time.Now(), linkChanged: make(chan struct{}),
+		leases: make(map[string]*lease), wake: make(chan struct{}, 1)}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	dial := o.Dialer
 	if dial == nil {
@@ -177,6 +197,7 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 			return &timeoutConn{Conn: c, d: d}, nil
 		}),
 		zk.WithEventCallback(func(ev zk.Event) {
+			d.onEvent(ev)
 			if ev.Type != zk.EventSession {
 				return
 			}
@@ -201,6 +222,7 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 		return nil, fmt.Errorf("%w: zookeeper: %w", backend.ErrInvalidConfig, err)
 	}
 	d.conn = conn
+	d.bg.Go(d.dispatch)
 	fail := func(err error) (*Driver, error) {
 		_ = d.Close()
 		return nil, err
@@ -747,58 +769,104 @@ func (d *Driver) position(ctx context.Context, queued bool, parent, node string)
 	return pred, mine, nil
 }
 
-// grant turns our node, now first in the queue, into a lease: it reads the
-// node's czxid (the token), which also proves the node (and so our session)
-// is still there, and sets the watch that tells the lease of its loss. The
-// lease's TTL counts from when that read was sent: the session cannot
-// expire sooner than a session timeout after the server received it.
-// queued is read's.
-func (d *Driver) grant(ctx context.Context, queued bool, node string, ttl time.Duration) (*lease, error) {
-	var (
-		stat *zk.Stat
-		ev   <-chan zk.Event
-		sent time.Time
-	)
-	err := d.read(ctx, queued, func() (err error) {
-		sent = time.Now()
-		_, stat, ev, err = d.conn.GetW(node)
-		return err
-	})
-	switch {
-	case errors.Is(err, zk.ErrNoNode):
-		return nil, fmt.Errorf("%w: zookeeper: the lock node vanished before the grant (session expired?)", backend.ErrUnavailable)
-	case err != nil:
-		return nil, unavailable("reading the lock node", err)
+// look lists key's queue (see position) and, at the same time, reads our
+// node with a watch on it (see arm): two requests in flight together, one
+// round trip. l is in the lease table before the read is sent, so that a
+// deletion of the node after it is a loss. When our node is first (pred ""
+// and mine), the read gives the lease its token (the node's czxid) and
+// its anchor: the lease's TTL counts from when the read was sent, as the
+// session cannot expire sooner than a session timeout after the server
+// received it. queued is read's.
+func (d *Driver) look(ctx context.Context, queued bool, parent string, l *lease) (pred string, mine bool, err error) {
+	type armed struct {
+		czxid int64
+		sent  time.Time
+		err   error
 	}
-	return d.newLease(node, uint64(stat.Czxid), ttl, sent, ev), nil
+	ach := make(chan armed, 1)
+	if !d.bg.Go(func() {
+		for {
+			czxid, sent, err := d.arm(l)
+			if err != nil {
+				if err = d.again(ctx, err, queued); err == nil {
+					continue
+				}
+			}
+			ach <- armed{czxid, sent, err}
+			return
+		}
+	}) {
+		return "", false, backend.ErrClosed
+	}
+	pred, mine, err = d.position(ctx, queued, parent, l.node)
+	if err != nil || !mine || pred != "" {
+		return pred, mine, err
+	}
+	var a armed
+	select {
+	case a = <-ach:
+	case <-ctx.Done():
+		return "", false, ctx.Err()
+	}
+	switch {
+	case errors.Is(a.err, zk.ErrNoNode):
+		return "", false, nil // gone since the listing (session expired?)
+	case a.err != nil:
+		return "", false, unavailable("reading the lock node", a.err)
+	}
+	d.leaseMu.Lock()
+	lost := l.lossErr
+	d.leaseMu.Unlock()
+	if lost != nil {
+		return "", false, nil
+	}
+	l.token, l.anchor = uint64(a.czxid), a.sent
+	return "", true, nil
+}
+
+// newLease makes the lease of our node, not yet granted: it is put in the
+// lease table by the first look.
+func (d *Driver) newLease(node string, ttl time.Duration) *lease {
+	l := &lease{d: d, node: node, ttl: ttl}
+	d.track(l)
+	return l
+}
+
+// grant starts l's TTL: the driver gives the lock up itself when it runs
+// out without a refresh.
+func (l *lease) grant() *lease {
+	l.mu.Lock()
+	l.lapse = time.AfterFunc(l.ttl, l.expire)
+	l.mu.Unlock()
+	return l
 }
 
 // TryAcquire joins the queue and, unless first, leaves it at once: when the
 // lock is held, our node is deleted before TryAcquire returns (within
-// leaveTimeout; otherwise in the background).
+// leaveTimeout; otherwise in the background). Two round trips when the lock
+// is free: the create, then the listing and the read of our node together.
 func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
 	parent := d.parent(key)
 	node, err := d.create(ctx, parent)
 	if err != nil {
 		return nil, d.acquireErr(ctx, err)
 	}
-	pred, mine, err := d.position(ctx, false, parent, node)
+	l := d.newLease(node, ttl)
+	pred, mine, err := d.look(ctx, false, parent, l)
 	switch {
 	case err != nil:
+		d.untrack(l)
 		d.abandon(node)
 		return nil, d.acquireErr(ctx, unavailable("listing the queue", err))
 	case !mine:
+		d.untrack(l)
 		return nil, fmt.Errorf("%w: zookeeper: the lock node vanished (session expired?)", backend.ErrUnavailable)
 	case pred != "":
+		d.untrack(l)
 		d.leave(ctx, node)
 		return nil, &backend.HeldError{}
 	}
-	l, err := d.grant(ctx, false, node, ttl)
-	if err != nil {
-		d.abandon(node)
-		return nil, d.acquireErr(ctx, err)
-	}
-	return l, nil
+	return l.grant(), nil
 }
 
 // Acquire joins key's queue and waits until every node ahead of ours is
@@ -813,17 +881,23 @@ func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (ba
 	if err != nil {
 		return nil, d.acquireErr(ctx, err)
 	}
+	l := d.newLease(node, ttl)
+	fail := func(err error) (backend.Lease, error) {
+		d.untrack(l)
+		d.abandon(node)
+		return nil, d.acquireErr(ctx, err)
+	}
 	for {
-		pred, mine, err := d.position(ctx, true, parent, node)
+		pred, mine, err := d.look(ctx, true, parent, l)
 		if err != nil {
-			d.abandon(node)
-			return nil, d.acquireErr(ctx, unavailable("listing the queue", err))
+			return fail(unavailable("listing the queue", err))
 		}
 		if !mine {
+			d.untrack(l)
 			return nil, fmt.Errorf("%w: zookeeper: the waiter's node vanished while queued (session expired?)", backend.ErrUnavailable)
 		}
 		if pred == "" {
-			break
+			return l.grant(), nil
 		}
 		// GetW, not ExistsW: on a missing node ExistsW would leave a
 		// watch for its creation, which never comes.
@@ -836,20 +910,12 @@ func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (ba
 			continue // gone already
 		}
 		if err != nil {
-			d.abandon(node)
-			return nil, d.acquireErr(ctx, unavailable("watching the predecessor", err))
+			return fail(unavailable("watching the predecessor", err))
 		}
 		if err := d.await(ctx, ev); err != nil {
-			d.abandon(node)
-			return nil, d.acquireErr(ctx, err)
+			return fail(err)
 		}
 	}
-	l, err := d.grant(ctx, true, node, ttl)
-	if err != nil {
-		d.abandon(node)
-		return nil, d.acquireErr(ctx, err)
-	}
-	return l, nil
 }
 
 // await waits for ev, the watch on a waiter's predecessor, to fire (the
