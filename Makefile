@@ -30,3 +30,15 @@ lint:
 bench:
 	env=$$(scripts/test.sh --setup-only) && eval "$$env" && \
 		$(GO) test -run '^$$' -bench . -benchmem $(or $(ARGS),./...)
+
+# dlock beside its peers on the same servers, and the scale workloads
+# (bench/, a module of its own), with the benchstat tables. Knobs: COUNT
+# (default 6), BENCHTIME (default 1s), BENCH, OUT; see bench/run.sh.
+.PHONY: peers peers-smoke
+peers:
+	bench/run.sh
+
+# Every benchmark of bench/ once, the scale workloads shrunk: a check that
+# the harness builds and runs (CI).
+peers-smoke:
+	bench/run.sh --smoke

@@ -62,11 +62,38 @@ echo "==> took $(($(date +%s) - start))s" >&2
 # servers' start-up log goes to stderr, but be safe).
 grep -E '^(Benchmark|goos:|goarch:|pkg:|cpu:)' "$out/raw.txt" >"$out/bench.txt"
 
+pairs="redis:raw redis:redislock redis:redsync redlock:redsync etcd:mutex-reused etcd:mutex-session zookeeper:zklock"
+
+# ratios BACKEND PEER: one Markdown row, dlock ÷ peer of the benchstat
+# medians (cycles/s at W=1 and W=16 and under contention; the handoff wait
+# p50 and p99 side by side; spread side by side), "~" after a ratio that
+# benchstat does not call significant (alpha 0.05).
+ratios() {
+	benchstat -format csv -filter "/backend:$1 /lib:($2 OR dlock)" -col "/lib@($2 dlock)" "$out/bench.txt" 2>/dev/null |
+		awk -F, -v pair="$1 / $2" '
+		BEGIN { w1 = w16 = ho = p50 = p99 = sp = "n/a" }
+		function r(a, b, sig) { if (a == "" || b == "" || a + 0 == 0) return "n/a"; return sprintf("%.2f%s", b / a, sig == "~" ? " ~" : "") }
+		function v(x) { return x == "" ? "n/a" : sprintf("%.3g", x) }
+		/^,[^,]*,CI,/ { unit = $2; next }
+		unit == "cycles/s" && $1 ~ /^Cycle\/.*\/w=1(-[0-9]+)?$/ { w1 = r($2, $4, $6) }
+		unit == "cycles/s" && $1 ~ /^Cycle\/.*\/w=16(-[0-9]+)?$/ { w16 = r($2, $4, $6) }
+		unit == "cycles/s" && $1 ~ /^Handoff\// { ho = r($2, $4, $6) }
+		unit == "p50-ms" && $1 ~ /^Handoff\// { p50 = v($4) " / " v($2) }
+		unit == "p99-ms" && $1 ~ /^Handoff\// { p99 = v($4) " / " v($2) }
+		unit == "spread" && $1 ~ /^Handoff\// { sp = v($4) " / " v($2) }
+		END { printf "| %s | %s | %s | %s | %s | %s | %s |\n", pair, w1, w16, ho, p50, p99, sp }'
+}
+
 {
-	for pair in redis:raw redis:redislock redis:redsync redlock:redsync \
-		etcd:mutex-reused etcd:mutex-session zookeeper:zklock; do
+	echo "### dlock ÷ peer, medians of $count runs (cycles/s: above 1 is dlock faster; wait and spread: dlock / peer)"
+	echo
+	echo "| backend / peer | W=1 cycles/s | W=16 cycles/s | contended cycles/s | wait p50 ms | wait p99 ms | spread |"
+	echo "|---|---|---|---|---|---|---|"
+	for pair in $pairs; do ratios "${pair%%:*}" "${pair#*:}"; done
+	echo
+	for pair in $pairs; do
 		be=${pair%%:*} peer=${pair#*:}
-		echo "### backend=$be: dlock vs $peer"
+		echo "### backend=$be: dlock vs $peer (the peer is the base column)"
 		benchstat -filter "/backend:$be /lib:($peer OR dlock)" -col "/lib@($peer dlock)" "$out/bench.txt"
 		echo
 	done
