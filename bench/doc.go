@@ -1,9 +1,40 @@
-// Package bench compares dlock with other lock libraries in the same run.
-// It is a module of its own, so that users of dlock never inherit the
-// peers' dependencies. Run from this directory, with the test servers set
-// up as for the main module (scripts/test.sh --setup-only prints the
-// environment):
+// Package bench compares dlock with other lock libraries in the same run,
+// on the same servers, and runs the scale workloads. It is a module of its
+// own, so that users of dlock never inherit the peers' dependencies.
 //
-//	go test -run '^$' -bench . -count 6 . | tee /tmp/peers.txt
-//	benchstat -col /lib /tmp/peers.txt
+// From the repository root:
+//
+//	make peers          # bench/run.sh: -count 6, benchstat tables
+//	make peers-smoke    # every benchmark once, the scale workloads shrunk
+//
+// run.sh sets the servers up as `make test` does (scripts/test.sh
+// --setup-only); the test binary starts them through conformance/servers
+// (Redis ×5, a single-member etcd cluster, a standalone ZooKeeper server)
+// and every library of a backend runs against the same ones:
+//
+//   - BenchmarkCycle/backend=B/w=W/lib=L: uncontended acquire + release,
+//     W = 1 and 16 workers sharing one client, each worker on its own key
+//     (cycles/s, cli-µs/op).
+//   - BenchmarkHandoff/backend=B/lib=L: 8 workers, each with its own
+//     client, on one key with hold 0 (cycles/s, wait p50-ms and p99-ms,
+//     spread = most / fewest acquisitions of a worker).
+//   - BenchmarkScaleLeases/backend=B: 10,000 auto-refreshed leases at TTL
+//     3 s on one Locker, held 15 s (lost, goroutines, client CPU and RSS,
+//     server ops and writes per second).
+//   - BenchmarkScaleWaiters/backend=B/lockers=L: 1,000 waiters on one key
+//     through 1 or 10 Lockers (server ops per acquisition, connections,
+//     goroutines).
+//
+// The libraries: backend=redis: raw go-redis (SET NX PX + EVALSHA
+// compare-and-delete), bsm/redislock, redsync with one pool, dlock;
+// backend=redlock: redsync with five pools, dlock; backend=etcd:
+// concurrency.Mutex with a reused Session and with a Session per lock,
+// dlock; backend=zookeeper: go-zookeeper's zk.Lock, dlock. By hand:
+//
+//	eval "$(scripts/test.sh --setup-only)"
+//	cd bench && go test -run '^$' -bench '^Benchmark(Cycle|Handoff)$' -count 6 . | tee /tmp/peers.txt
+//	benchstat -filter '/backend:redis' -col '/lib@(raw redislock redsync dlock)' /tmp/peers.txt
+//
+// The scale workloads run once per iteration: use a duration -benchtime
+// (such as the default 1s), not an iteration count above 1.
 package bench
