@@ -2,13 +2,13 @@
 # bench/run.sh — dlock beside its peers on the same servers, in one run,
 # and the benchstat tables (`make peers` runs it).
 #
-#   bench/run.sh                 # -count 6, -benchtime 1s, every benchmark
+#   bench/run.sh                 # 6 passes, -benchtime 1s, every benchmark
 #   bench/run.sh --smoke         # every benchmark once (-benchtime 1x, the
 #                                # scale workloads shrunk by
 #                                # DLOCK_BENCH_SMALL=1), no tables: catches
 #                                # a broken harness
 #
-# Knobs (environment): COUNT (default 6), BENCHTIME (default 1s; keep it a
+# Knobs (environment): COUNT (passes, default 6), BENCHTIME (default 1s; keep it a
 # duration: the scale workloads run once per iteration and skip themselves
 # under an iteration count such as 2000x), BENCH (the -bench regexp,
 # default every peer and scale benchmark of this module but the Redlock
@@ -16,10 +16,10 @@
 # default a new temporary directory).
 #
 # It sets the servers up as `make test` does (scripts/test.sh --setup-only),
-# runs one `go test -bench` in this module (which starts the servers
-# through conformance/servers), and prints, per backend and peer, a
-# benchstat table with the peer as the base column, so the dlock column
-# reads "dlock vs peer".
+# runs this module's benchmarks COUNT times (each pass one test binary,
+# which starts the servers through conformance/servers), and prints a
+# dlock ÷ peer summary and, per backend and peer, a benchstat table with
+# the peer as the base column, so the dlock column reads "dlock vs peer".
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -50,12 +50,24 @@ if ! command -v benchstat >/dev/null; then
 	PATH="$PATH:$(go env GOPATH)/bin"
 fi
 
-echo "==> go test -run '^\$' -bench '$bench' -benchtime $benchtime -count $count  (raw output: $out/raw.txt)" >&2
+# COUNT passes of -count 1, rather than one -count COUNT: -count repeats
+# each benchmark back to back, so a burst of load from elsewhere on a
+# shared machine would land on one library's runs; passes alternate the
+# libraries in time. Each pass is one test binary: it starts the servers,
+# and every library of a backend runs on the same ones.
+bin="$(mktemp -d)"
+trap 'rm -rf "$bin"' EXIT
+go test -c -o "$bin/bench.test" .
 start=$(date +%s)
-go test -run '^$' -bench "$bench" -benchtime "$benchtime" -count "$count" -timeout 0 . >"$out/raw.txt" 2>"$out/stderr.txt" || {
-	tail -50 "$out/raw.txt" "$out/stderr.txt" >&2
-	exit 1
-}
+: >"$out/raw.txt"
+for pass in $(seq "$count"); do
+	echo "==> pass $pass of $count: -test.bench '$bench' -test.benchtime $benchtime (raw output: $out/raw.txt)" >&2
+	DLOCK_TEST_RUN="${DLOCK_TEST_RUN:-dlock-peers-$$}" "$bin/bench.test" -test.run '^$' -test.bench "$bench" \
+		-test.benchtime "$benchtime" -test.count 1 -test.timeout 0 >>"$out/raw.txt" 2>>"$out/stderr.txt" || {
+		tail -50 "$out/raw.txt" "$out/stderr.txt" >&2
+		exit 1
+	}
+done
 echo "==> took $(($(date +%s) - start))s" >&2
 
 # Keep only benchmark lines and the header lines benchstat needs (the
