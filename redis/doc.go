@@ -84,9 +84,7 @@
 //
 // # Fencing tokens
 //
-// Tokens come from a counter per key, Prefix+"{"+k+"}:fence", with no TTL
-// (one small key per distinct lock name, kept so that tokens keep
-// increasing; delete them yourself if you retire lock names). Each grant,
+// Tokens come from a counter per key, Prefix+"{"+k+"}:fence". Each grant,
 // in the same script that takes the lock, issues as its token the larger of
 // the counter + 1 and the server clock in microseconds (TIME; about 1.8e15
 // today), and writes it back to the counter. So every token is above the
@@ -100,18 +98,35 @@
 // second holder could get a token equal to or below the first's. The
 // clock under every token closes that while the clock moves forward.
 //
+// The counter keys do not pile up (one per distinct lock name, forever):
+// when a grant's token is the clock (the usual case), the counter is
+// written with an expiry, [Options].FenceRetention (default 24 h, URL
+// parameter fence_retention) after the lock's TTL, counted from the grant.
+// Every later grant issues at least the server clock, which is past that
+// token once the counter is gone, unless the clock stepped back by more
+// than the time since the grant (at least the TTL + FenceRetention). A
+// counter at or ahead of the clock (a burst of grants within a
+// microsecond, a counter set by hand or by a server with a faster clock, a
+// clock stepped back) is kept without expiry, since until the clock passes
+// it only the counter orders the tokens; the next grant whose token is the
+// clock gives it an expiry again. A lock refreshed beyond its first TTL +
+// FenceRetention outlives its counter, which is harmless: the next grant
+// comes after the lock ends and issues at least the clock. A negative
+// FenceRetention (fence_retention=never) keeps every counter forever.
+//
 // What remains, in one statement (Guarantees().Notes and the README say the
 // same): Each token is the larger of the server's counter + 1 and its clock
 // in microseconds, written back to the counter. A token can equal or go
 // below an earlier one only if the counter was lost or came back stale (a
 // restart without persistence, or from a snapshot or an appendfsync everysec
 // file that missed the last grants; a failover to a replica that missed
-// them; an eviction; a DEL) and the serving server's clock reads behind that
-// earlier token: stepped back by more than the time since that grant (an
-// outage included), behind the old primary's clock by more than the time
-// between the two grants (a promoted replica), or behind a token that came
-// from a counter set ahead of the clock (by hand, or by a server with a
-// faster clock).
+// them; an eviction; a DEL; its expiry, FenceRetention after the lock's TTL
+// when the grant's token was the clock) and the serving server's clock reads
+// behind that earlier token: stepped back by more than the time since that
+// grant (an outage included), behind the old primary's clock by more than
+// the time between the two grants (a promoted replica), or behind a token
+// that came from a counter set ahead of the clock (by hand, or by a server
+// with a faster clock).
 // Tokens are exact decimal strings in the scripts, also beyond 2^53.
 // Hence [backend.FencingBestEffort]: use etcd or ZooKeeper where a
 // repeated token would be a correctness problem.
@@ -159,8 +174,9 @@
 //
 // Host, port, ACL user, password and database are parsed by
 // [goredis.ParseURL]. The backend's own parameters are prefix, wait_replicas,
-// wait_timeout (a Go duration such as 250ms) and eviction_check (refuse,
-// warn or ignore). Every other parameter is passed to go-redis, which
+// wait_timeout (a Go duration such as 250ms), fence_retention (a Go
+// duration of at least 1ms, or never) and eviction_check (refuse, warn or
+// ignore). Every other parameter is passed to go-redis, which
 // accepts its documented client parameters (dial_timeout, read_timeout,
 // pool_size, db, protocol, client_name, skip_verify, ...) and rejects
 // anything else; either way an unknown parameter is an error wrapping

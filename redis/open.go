@@ -103,6 +103,19 @@ func parseURL(u *url.URL) (*goredis.Options, *Options, error) {
 		}
 		o.WaitTimeout = t
 	}
+	if v, ok, err := urlparam.Take(q, "fence_retention"); err != nil {
+		return nil, nil, err
+	} else if ok {
+		t, err := time.ParseDuration(v)
+		switch {
+		case v == "never":
+			o.FenceRetention = -1
+		case err != nil || t < time.Millisecond:
+			return nil, nil, bad("parameter fence_retention=%q: want a duration of at least 1ms, such as 1h, or never", v)
+		default:
+			o.FenceRetention = t
+		}
+	}
 	if v, ok, err := urlparam.Take(q, "eviction_check"); err != nil {
 		return nil, nil, err
 	} else if ok {

@@ -35,6 +35,9 @@ const (
 // DefaultPrefix is the key prefix used when [Options].Prefix is empty.
 const DefaultPrefix = "dlock:"
 
+// DefaultFenceRetention is the [Options].FenceRetention used when it is 0.
+const DefaultFenceRetention = 24 * time.Hour
+
 // DefaultWaitTimeout is the WAIT timeout used when [Options].WaitReplicas > 0
 // and [Options].WaitTimeout is 0.
 const DefaultWaitTimeout = time.Second
@@ -100,6 +103,18 @@ type Options struct {
 	// ignored when WaitReplicas is 0.
 	WaitTimeout time.Duration
 
+	// FenceRetention bounds the fencing counter keys: a grant whose token
+	// is the server clock (the usual case; see the package documentation,
+	// Fencing tokens) lets its lock key's counter expire FenceRetention
+	// after the lock's TTL, counted from the grant. Every later token is
+	// at least the server clock then, so the counter is needed only while
+	// the clock might step back behind it: a shorter retention covers a
+	// shorter step back. A counter ahead of the clock never expires (until
+	// a later grant's token is the clock again). Negative: counters never
+	// expire (one key per distinct lock name, forever). Default
+	// [DefaultFenceRetention] (24 h).
+	FenceRetention time.Duration
+
 	// EvictionCheck says what New does when maxmemory-policy is not
 	// "noeviction". Default [EvictionRefuse].
 	EvictionCheck EvictionCheck
@@ -126,6 +141,10 @@ type Driver struct {
 	waitN       int
 	waitTimeout time.Duration
 	log         *slog.Logger
+
+	// retention is FenceRetention in whole milliseconds (rounded up); 0
+	// means counters never expire.
+	retention int64
 
 	evictionCheck EvictionCheck
 
@@ -216,12 +235,20 @@ func newDriver(client goredis.UniversalClient, opts *Options) (*Driver, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	var retention int64
+	switch {
+	case o.FenceRetention == 0:
+		retention = DefaultFenceRetention.Milliseconds()
+	case o.FenceRetention > 0:
+		retention = int64((o.FenceRetention + time.Millisecond - 1) / time.Millisecond)
+	}
 	d := &Driver{
 		client:      client,
 		prefix:      o.Prefix,
 		waitN:       o.WaitReplicas,
 		waitTimeout: o.WaitTimeout,
 		log:         o.Logger,
+		retention:   retention,
 
 		evictionCheck: o.EvictionCheck,
 	}
@@ -373,7 +400,8 @@ func (d *Driver) Guarantees() backend.Guarantees {
 			"holders overlap. Each token is the larger of the server's counter + 1 and its clock in microseconds, " +
 			"written back to the counter. A token can equal or go below an earlier one only if the counter was lost or " +
 			"came back stale (a restart without persistence, or from a snapshot or an appendfsync everysec file that " +
-			"missed the last grants; a failover to a replica that missed them; an eviction; a DEL) and the serving " +
+			"missed the last grants; a failover to a replica that missed them; an eviction; a DEL; its expiry, " +
+			"FenceRetention after the lock's TTL when the grant's token was the clock) and the serving " +
 			"server's clock reads behind that earlier token: stepped back by more than the time since that grant (an " +
 			"outage included), behind the old primary's clock by more than the time between the two grants (a promoted " +
 			"replica), or behind a token that came from a counter set ahead of the clock (by hand, or by a server with " +
@@ -456,15 +484,22 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 	l := &lease{d: d, keys: [2]string{lk, fk}, ttl: time.Duration(ms) * time.Millisecond}
 	// The script arguments live in the lease, boxed once: the value is
 	// sent again by Release and Refresh.
-	l.args = [2]any{newValue(), ms}
+	l.args = [4]any{newValue(), ms}
+	args := l.args[:2]
+	if d.retention > 0 {
+		// No clock in the reply; the counter's TTL when the token is
+		// the clock.
+		l.args[2], l.args[3] = "", ms+d.retention
+		args = l.args[:4]
+	}
 	var (
 		res   int64
 		waitN = int64(d.waitN)
 	)
 	if d.waitN > 0 {
-		res, waitN, err = d.acquireWait(ctx, l.keys[:], l.args[:])
+		res, waitN, err = d.acquireWait(ctx, l.keys[:], args)
 	} else {
-		res, err = acquireScript.Run(ctx, d.client, l.keys[:], l.args[:]...).Int64()
+		res, err = acquireScript.Run(ctx, d.client, l.keys[:], args...).Int64()
 	}
 	if err != nil {
 		l.cleanup(ctx)
@@ -518,7 +553,7 @@ func (d *Driver) acquireWait(ctx context.Context, keys []string, args []any) (re
 type lease struct {
 	d     *Driver
 	keys  [2]string // lock key, counter key
-	args  [2]any    // ownership value (string), acquire TTL in ms (int64)
+	args  [4]any    // acquire.lua's ARGV: ownership value (string), TTL in ms (int64), "", counter TTL in ms (int64)
 	token uint64
 	ttl   time.Duration
 }

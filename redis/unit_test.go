@@ -38,6 +38,12 @@ func TestParseURL(t *testing.T) {
 		{"redis://h:1?eviction_check=ignore&dial_timeout=2s&pool_size=7", func(c *goredis.Options, o *redis.Options) bool {
 			return o.EvictionCheck == redis.EvictionIgnore && c.DialTimeout == 2*time.Second && c.PoolSize == 7
 		}, "go-redis client parameters pass through"},
+		{"redis://h:1?fence_retention=90m", func(c *goredis.Options, o *redis.Options) bool {
+			return o.FenceRetention == 90*time.Minute
+		}, "fence_retention"},
+		{"redis://h:1?fence_retention=never", func(c *goredis.Options, o *redis.Options) bool {
+			return o.FenceRetention < 0
+		}, "fence_retention=never"},
 	}
 	for _, tc := range good {
 		u, err := url.Parse(tc.url)
@@ -64,6 +70,9 @@ func TestParseURL(t *testing.T) {
 		"redis://h:1?wait_replicas=1&wait_timeout=0s",
 		"redis://h:1?wait_timeout=soon",
 		"redis://h:1?eviction_check=maybe",
+		"redis://h:1?fence_retention=0s",
+		"redis://h:1?fence_retention=-1h",
+		"redis://h:1?fence_retention=forever",
 		"redis://h:1?dial_timeout=never",
 		"redis://h:1/notadb",
 	}
