@@ -153,7 +153,10 @@ func BenchmarkScaleLeases(b *testing.B) {
 			g0 := runtime.NumGoroutine()
 			l := open(b)
 			prefix := uniqueKey("leases")
-			ao := &dlock.AcquireOptions{TTL: scaleTTL, AutoRefresh: true}
+			// MaxHold far beyond the workload: a Done fired is a loss,
+			// never the end of the hold bound (10 TTLs by default, which a
+			// slow acquire phase plus the hold could reach).
+			ao := &dlock.AcquireOptions{TTL: scaleTTL, AutoRefresh: true, MaxHold: time.Hour}
 			leases := make([]*dlock.Lease, scaleLeases)
 			ctx, cancel := context.WithTimeout(b.Context(), 5*time.Minute)
 			defer cancel()
