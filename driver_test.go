@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -648,4 +649,50 @@ func TestLossReportedDuringRelease(t *testing.T) {
 	}
 	cancel()
 	<-released
+}
+
+// Lease.Context is cancelled, with the lease's Err as its cause, when the
+// lease ends, and starts no goroutine of its own: 1,000 contexts of held
+// leases add none. (Before, each Context call started a goroutine; this
+// test saw 1,000 more.)
+func TestLeaseContext(t *testing.T) {
+	s := memory.NewStore()
+	l := memory.New(s, nil)
+	defer l.Close()
+	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := runtime.NumGoroutine()
+	var cancels []context.CancelFunc
+	for range 1000 {
+		_, cancel := le.Context(t.Context())
+		cancels = append(cancels, cancel)
+	}
+	if grown := runtime.NumGoroutine() - before; grown > 10 {
+		t.Errorf("1,000 Lease.Context calls added %d goroutines", grown)
+	}
+	ctx, cancel := le.Context(t.Context())
+	defer cancel()
+	for _, c := range cancels {
+		c()
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the context ended while the lease is held")
+	}
+	s.Expire("k")
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the context was not cancelled when the lease was lost")
+	}
+	if cause := context.Cause(ctx); !errors.Is(cause, dlock.ErrLeaseLost) {
+		t.Errorf("Cause = %v, want ErrLeaseLost", cause)
+	}
+	// A context made after the end is cancelled at once.
+	ctx2, cancel2 := le.Context(t.Context())
+	defer cancel2()
+	if !errors.Is(context.Cause(ctx2), dlock.ErrLeaseLost) {
+		t.Errorf("Context of an ended lease: Cause = %v, want ErrLeaseLost", context.Cause(ctx2))
+	}
 }

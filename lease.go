@@ -36,6 +36,8 @@ type Lease struct {
 	err      error         // set once, when the lease ends
 	done     chan struct{} // made by the first Done; closedChan if the lease ended first
 	timer    *time.Timer   // closes done at the deadline; made with done
+	// onEnd cancels the contexts made by Context when the lease ends.
+	onEnd map[*context.CancelCauseFunc]struct{}
 
 	prev, next *Lease // in the Locker's list of held leases, under l.mu
 }
@@ -193,16 +195,29 @@ func (le *Lease) Err() error {
 
 // Context returns a context derived from parent that is cancelled when the
 // lease ends; context.Cause then returns Err. Call cancel when done with it.
+//
+// It starts no goroutine: the lease's end cancels the context directly.
 func (le *Lease) Context(parent context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(parent)
-	go func() {
-		select {
-		case <-le.Done():
-			cancel(le.Err())
-		case <-ctx.Done():
-		}
-	}()
-	return ctx, func() { cancel(context.Canceled) }
+	le.Done() // arms the deadline timer
+	le.mu.Lock()
+	if le.err != nil {
+		err := le.err
+		le.mu.Unlock()
+		cancel(err)
+		return ctx, func() { cancel(context.Canceled) }
+	}
+	if le.onEnd == nil {
+		le.onEnd = map[*context.CancelCauseFunc]struct{}{}
+	}
+	le.onEnd[&cancel] = struct{}{}
+	le.mu.Unlock()
+	return ctx, func() {
+		le.mu.Lock()
+		delete(le.onEnd, &cancel)
+		le.mu.Unlock()
+		cancel(context.Canceled)
+	}
 }
 
 // Refresh extends the lease to ttl from now (ttl 0: the TTL the lease was
@@ -364,6 +379,10 @@ func (le *Lease) endLocked(err error) {
 		return
 	}
 	le.err = err
+	for cancel := range le.onEnd {
+		(*cancel)(err)
+	}
+	le.onEnd = nil
 	if le.done == nil {
 		le.done = closedChan
 	} else {
