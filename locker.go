@@ -113,8 +113,12 @@ type Options struct {
 type AcquireOptions struct {
 	// TTL is the lease time asked of the server. Default: the Locker's TTL.
 	TTL time.Duration
-	// AutoRefresh starts a watchdog that refreshes the lease every TTL/3
+	// AutoRefresh has the Locker's watchdog refresh the lease every TTL/3
 	// until it is released, lost, or MaxHold is reached. Default false.
+	// The watchdog is one goroutine per Locker, however many leases it
+	// keeps: leases that come due within a tenth of their refresh
+	// interval of each other are refreshed together, in one round trip
+	// where the backend can batch (backend.BatchRefresher).
 	AutoRefresh bool
 	// MaxHold bounds the total time an auto-refreshed lease is held,
 	// counted from the acquire: the watchdog never extends the lease past
@@ -272,6 +276,11 @@ func isNil(target any) bool {
 // own lease or session can no longer be kept alive (each backend's package
 // documentation gives the bounds). TryAcquire makes one attempt and
 // reports its failure.
+//
+// On a backend without a queue of its own (Redis, Redlock), the waiters of
+// one Locker on one key wait in line, in arrival order: only the first
+// makes attempts, the others wait for their turn, so a release costs one
+// attempt per Locker whatever the number of waiters.
 func (l *Locker) Acquire(ctx context.Context, key string, opts *AcquireOptions) (*Lease, error) {
 	return l.acquire(ctx, "acquire", key, opts, true)
 }
