@@ -34,8 +34,8 @@ import (
 type scaleBackend struct {
 	name string
 	// setup starts the servers and returns the Locker maker (the Locker
-	// is closed, then its client, when tb ends; closing it earlier is
-	// harmless) and the counters' reader.
+	// is closed, then its client, at tb's Cleanup) and the counters'
+	// reader.
 	setup func(tb testing.TB) (open func(testing.TB) *dlock.Locker, stats func(context.Context) (serverStats, error))
 }
 
@@ -93,6 +93,38 @@ var scaleBackends = []scaleBackend{
 	}},
 }
 
+// scope collects the clean-ups of the Lockers and clients opened through
+// it, so that a workload closes them (close) before counting the
+// goroutines left; tb's end closes whatever is still open.
+type scope struct {
+	testing.TB
+	mu  sync.Mutex
+	fns []func()
+}
+
+func newScope(tb testing.TB) *scope {
+	s := &scope{TB: tb}
+	tb.Cleanup(s.close)
+	return s
+}
+
+// Cleanup registers f to run at close (last registered first).
+func (s *scope) Cleanup(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fns = append(s.fns, f)
+}
+
+func (s *scope) close() {
+	s.mu.Lock()
+	fns := s.fns
+	s.fns = nil
+	s.mu.Unlock()
+	for i := len(fns) - 1; i >= 0; i-- {
+		fns[i]()
+	}
+}
+
 // Scale workload parameters (issue 12).
 const (
 	scaleTTL      = 3 * time.Second
@@ -138,9 +170,9 @@ func mustStats(b *testing.B, stats func(context.Context) (serverStats, error)) s
 // on one Locker, holds them scaleHold, and releases them. It reports:
 // lost, leases whose Done fired during the hold (or whose Release said
 // they were not held); goroutines before the Locker, while the leases are
-// held, and after Close; cli-cpu-%, the client's CPU (getrusage, whole
-// process) over the hold as a share of one core; rss-MB at the end of the
-// hold; srv-ops/s and srv-writes/s over the hold (serverStats: Redis
+// held, and after the Locker and its client are closed; cli-cpu-%, the
+// client's CPU (getrusage, whole process) over the hold as a share of one
+// core; rss-MB at the end of the hold; srv-ops/s and srv-writes/s over the hold (serverStats: Redis
 // commands; etcd gRPC messages and Raft proposals; ZooKeeper packets and
 // write transactions); acquire-s, the time taken to take the leases
 // (scaleAcquirer goroutines); acquire-errors, acquires that failed (the
@@ -151,7 +183,8 @@ func BenchmarkScaleLeases(b *testing.B) {
 			onlyOnce(b)
 			open, stats := be.setup(b)
 			g0 := runtime.NumGoroutine()
-			l := open(b)
+			sc := newScope(b)
+			l := open(sc)
 			prefix := uniqueKey("leases")
 			// MaxHold far beyond the workload: a Done fired is a loss,
 			// never the end of the hold bound (10 TTLs by default, which a
@@ -244,7 +277,7 @@ func BenchmarkScaleLeases(b *testing.B) {
 			}
 			wg.Wait()
 			b.StopTimer()
-			_ = l.Close()
+			sc.close() // the Locker, then its client
 			after := settledGoroutines(g0)
 
 			d := s1.sub(s0)
@@ -281,8 +314,8 @@ func firstOf(a, b error) error {
 // grace, whose length it depends on); drain-s; conns-peak, the most client
 // connections the servers saw (sampled every 50 ms; Redis, ZooKeeper)
 // less those before the Lockers; goroutines before the Lockers, at the
-// peak, and after Close; errors, waiters whose Acquire failed (a 3-minute
-// bound).
+// peak, and after the Lockers and their clients are closed; errors,
+// waiters whose Acquire failed (a 3-minute bound).
 func BenchmarkScaleWaiters(b *testing.B) {
 	for _, be := range scaleBackends {
 		b.Run("backend="+be.name, func(b *testing.B) {
@@ -300,9 +333,10 @@ func BenchmarkScaleWaiters(b *testing.B) {
 func waiters(b *testing.B, open func(testing.TB) *dlock.Locker, stats func(context.Context) (serverStats, error), nl int) {
 	g0 := runtime.NumGoroutine()
 	base := mustStats(b, stats)
+	sc := newScope(b)
 	lockers := make([]*dlock.Locker, nl)
 	for i := range lockers {
-		lockers[i] = open(b)
+		lockers[i] = open(sc)
 	}
 	key := uniqueKey("waiters")
 	ao := &dlock.AcquireOptions{TTL: zkTTL} // within ZooKeeper's session; every lease is released at once
@@ -377,9 +411,7 @@ func waiters(b *testing.B, open func(testing.TB) *dlock.Locker, stats func(conte
 	b.StopTimer()
 	stopSampling()
 	sampler.Wait()
-	for _, l := range lockers {
-		_ = l.Close()
-	}
+	sc.close() // the Lockers, then their clients
 	after := settledGoroutines(g0)
 	if firstErr != nil {
 		b.Logf("%d of %d waiters failed; first: %v", failed.Load(), scaleWaiters, firstErr)
