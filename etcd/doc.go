@@ -13,31 +13,46 @@
 // # The recipe
 //
 // This is etcd's concurrency.Mutex recipe, written out so that each lock has
-// its own lease and waiters wake at once:
+// its own lease, a lock cycle costs the same two Raft writes as a Mutex on a
+// reused Session, and waiters wake at once:
 //
 //   - A lock named k lives under the directory Prefix + escape(k) + "/",
 //     where escape percent-encodes "%" and "/", so no lock's directory is a
 //     prefix of another's ("a" and "a/b" do not block each other).
-//   - Every acquire grants a fresh etcd lease with the asked TTL (rounded up
-//     to whole seconds) and, in one transaction, puts the key
-//     dir + lease ID attached to it and reads the oldest key in the
-//     directory. Two Leases never share an etcd lease: sharing one (as two
-//     Mutexes on one Session do) makes the second lock a no-op.
+//   - Every acquire takes an etcd lease of the asked TTL (rounded up to
+//     whole seconds) and, in one transaction, puts the key dir + lease ID
+//     attached to it and reads the oldest key in the directory. Two Leases
+//     never hold one etcd lease at once: sharing one (as two Mutexes on one
+//     Session do) makes the second lock a no-op.
+//   - The etcd lease comes from the Driver's pool when it has one of that
+//     TTL: a Release deletes its key and keeps the lease, now without a
+//     key, for the next grant of the same TTL (at most 64 per TTL; one left
+//     unused for 30s is revoked when the pool is next used, and Close
+//     revokes the pool). Pooled leases are not kept alive: an acquire that
+//     takes one sends a keepalive (on the Driver's keepalive stream, not a
+//     Raft write) at the same time as its put, and the grant's TTL and
+//     Deadline count from that keepalive's sending. A pooled lease that may
+//     have run out by our count is not used; one that ran out anyway (the
+//     put fails with "lease not found", or the keepalive finds it gone) is
+//     dropped and the acquire takes another lease or grants a new one.
+//     Without a pooled lease, the acquire grants one first (a Raft write).
 //   - The oldest key (lowest create revision) holds the lock; the others
-//     are the FIFO queue. A waiter watches only its immediate predecessor
-//     (no herd effect), from the server's current revision; if the watch's
-//     created notice shows a write since the read that found the
-//     predecessor, it reads the predecessor once more and goes on if it is
-//     gone. A watch from a revision the server has already passed
-//     (concurrency.Mutex's, or one from the read's revision + 1 when
-//     another write lands before the watch is registered) is put in etcd's
-//     "unsynced" group, served every 100 ms. On etcd 3.7 this one never is;
-//     etcd 3.5 and 3.6 read the current revision just before registering
-//     a watch without a start revision, so a write in that instant still
-//     makes it unsynced, rarely (the event then comes up to 100 ms late,
-//     none is missed). So a waiter wakes within a round trip of the
-//     release (BenchmarkHandoffLatency: no handoff over 50ms, where ~6%
-//     were before).
+//     are the FIFO queue. A waiter waits only for its immediate
+//     predecessor's delete (no herd effect: the others are not woken).
+//   - Each Driver keeps one watch on its whole prefix (deletes only),
+//     made without a start revision, so that it is in etcd's synced group
+//     and a delete reaches it within a round trip. (A watch from a revision
+//     the server has already passed, as concurrency.Mutex's is, goes to
+//     etcd's "unsynced" group, served every 100 ms: the ~90 ms handoff p99
+//     of BenchmarkHandoff's mutex case.) It dispatches each delete to the
+//     lease whose key it deletes (a loss, see below) and to the waiter
+//     whose predecessor it deletes. A waiter registers its interest before
+//     each read of its queue, so a delete after the read is never missed.
+//     When the watch breaks (a compaction, a member that lost its leader:
+//     the watch requires one), every waiter reads its queue again, and
+//     once the watch is made again the held keys are read (in transactions
+//     of up to 100 reads) and those gone reported lost. No goroutine and
+//     no server-side watcher per lease or waiter.
 //   - While queued, the waiter keeps its own lease alive. When no older
 //     key is left, it checks that its own key still exists: a waiter whose
 //     lease expired while queued fails, it is never granted the lock
@@ -56,17 +71,19 @@
 //     again, to the next member, if it is not answered; a failed read (an
 //     election, say) is retried after a pause: Acquire then fails only
 //     when ctx ends or the keepalive gives up (above).
-//   - TryAcquire joins the queue and, if it is not first, revokes its lease
-//     at once. A cancelled or failed Acquire revokes its lease too, which
-//     deletes its waiter key.
+//   - TryAcquire joins the queue and, if it is not first, deletes its key
+//     at once (its lease goes back to the pool; if the delete fails, the
+//     lease is revoked). A cancelled or failed Acquire revokes its lease,
+//     which deletes its waiter key.
 //   - Release deletes the key in a transaction that compares its create
 //     revision only (so it never deletes a newer holder's key, and finds
-//     the key whichever lease it is on), then revokes the lease. Releasing
-//     a lost lease returns ErrNotHeld. If the delete fails (Release's ctx
-//     had ended already, or the cluster did not answer within
-//     RequestTimeout), the lease is revoked all the same, with a
-//     context of its own (2s, then retried in the background until the TTL
-//     has passed), which deletes the key: the lock is not left held for the
+//     the key whichever lease it is on), and returns: that is its one Raft
+//     write. The lease goes back to the pool. Releasing a lost lease
+//     returns ErrNotHeld (its lease is revoked in the background). If the
+//     delete fails (Release's ctx had ended already, or the cluster did not
+//     answer within RequestTimeout), the lease is revoked, with a context
+//     of its own (2s, then retried in the background until the TTL has
+//     passed), which deletes the key: the lock is not left held for the
 //     rest of its TTL. Release still returns the delete's error; it can
 //     then take RequestTimeout plus 2s.
 //
@@ -86,10 +103,24 @@
 // etcd leases count whole seconds, and the server raises a TTL below its
 // floor (1.5 × the election timeout, 2s by default) to the floor. Lease.TTL
 // reports the TTL the server granted; Limits().MinTTL is 1s. Lease.Deadline
-// counts from the moment the grant, or the waiter's last keepalive, was
-// sent, less the drift margin.
+// counts from the moment the grant, the keepalive sent with the put of a
+// pooled lease, or the waiter's last keepalive was sent, less the drift
+// margin.
 //
-// Refresh with the TTL the lease was granted with sends one keepalive.
+// Keepalives (of queued waiters, of Refresh, of pooled leases at their
+// reuse) all go on one LeaseKeepAlive stream per Driver; one left
+// unanswered past its deadline drops the stream, and the next keepalive
+// opens another, which the client may send to another member.
+//
+// Refresh with the TTL the lease was granted with sends one keepalive and,
+// at the same time, checks in a read-only transaction that the key is still
+// ours on that lease. The Driver is also a backend.BatchRefresher:
+// RefreshBatch renews all the leases of one call with one keepalive each on
+// the stream, and reports a lease lost (ErrNotHeld) if its keepalive finds
+// it gone or the prefix watch has seen its key deleted (while that watch is
+// down, it reads the keys instead). A key deleted behind our back while its
+// lease lives is thus reported within the watch's delay, not by the
+// refresh that races with it.
 // etcd cannot change a lease's TTL, so Refresh with another TTL grants a new
 // lease and moves the key onto it (a transaction that checks the key is
 // still ours; the create revision, and so the token, stays), then revokes
@@ -98,13 +129,13 @@
 // other; if that read fails too, Refresh returns the error, and the new
 // lease is remembered: Release revokes both.
 //
-// Each Lease watches its own key: its deletion (the lease expired, was
-// revoked, or someone deleted the key) fires Done with ErrLeaseLost, usually
-// before the local deadline. The watch ends with the report (no watcher is
-// left on the server), or at Release. A watch on a member that froze (see
-// Failures) reports nothing: Done then comes from a refresh that finds the
-// key gone, or at the local deadline. Without AutoRefresh the lease simply
-// runs out at its TTL, as on every dlock backend.
+// The Driver's prefix watch reports the deletion of a held key (the lease
+// expired, was revoked, or someone deleted the key) through the Lease's
+// backend.LossNotifier: Done fires with ErrLeaseLost, usually before the
+// local deadline. A watch on a member that froze (see Failures) reports
+// nothing: Done then comes from a refresh that finds the key gone, or at
+// the local deadline. Without AutoRefresh the lease simply runs out at its
+// TTL, as on every dlock backend.
 //
 // # Failures
 //
@@ -123,7 +154,8 @@
 // Watches require a leader, so a member cut off from the others cancels
 // them. A member that is frozen — its process stopped, or its host gone
 // silent without closing connections — cancels nothing, and a watch on it
-// stays silent: a waiter then goes on through its periodic re-read (above),
+// stays silent: a waiter then goes on through its read of its predecessor
+// after each answered keepalive (every third of its TTL),
 // and a holder's Done comes from a refresh or its deadline. The client
 // sends each request to the next member in turn, so any single request
 // may go to the frozen member and wait for its timeout. gRPC keepalive

@@ -68,10 +68,14 @@ type Driver struct {
 	minGrant   time.Duration // the server's least lease TTL, learned by NewDriver
 	ownsClient bool
 
-	ctx    context.Context // cancelled by Close: ends the leases' loss watchers
+	ctx    context.Context // cancelled by Close: ends the prefix watch and the keepalive stream
 	cancel context.CancelFunc
 	once   sync.Once
-	bg     bg.Group // loss watchers and revoke retries; Close waits for them
+	bg     bg.Group // the prefix watch, the keepalive stream's receiver, revokes; Close waits for them
+
+	hub  *hub   // the one watch on prefix: losses and wake-ups
+	ka   keeper // the one keepalive stream
+	pool pool   // idle leases, by TTL
 
 	afterQueueRead func()            // tests: called between a waiter's queue read and its watch
 	afterMove      func(error) error // tests: sees, and may replace, the outcome of Refresh's move transaction
@@ -140,6 +144,23 @@ func NewDriver(ctx context.Context, client *clientv3.Client, opts *Options) (*Dr
 		return client.Revoke(ctx, g.ID)
 	})
 	d.ctx, d.cancel = context.WithCancel(context.Background())
+	d.ka.d = d
+	d.hub = newHub(d)
+	// Start the prefix watch now, and wait (within the request timeout)
+	// until it is in force: the first acquires then need no extra read,
+	// and the watch's client goroutines are all started by the time
+	// NewDriver returns. A watch not made in time is not an error: the
+	// acquires read their key until it is.
+	d.hub.mu.Lock()
+	d.hub.startLocked()
+	d.hub.mu.Unlock()
+	t := time.NewTimer(d.timeout)
+	defer t.Stop()
+	select {
+	case <-d.hub.ready:
+	case <-ctx.Done():
+	case <-t.C:
+	}
 	return d, nil
 }
 
@@ -191,12 +212,14 @@ func (d *Driver) As(target any) bool {
 	return false
 }
 
-// Close stops the leases' loss watchers and, if the driver built the client
-// itself from a URL, closes the client. A client passed to [New] stays open.
+// Close revokes the idle leases of the pool (within 2s), stops the prefix
+// watch and the keepalive stream and, if the driver built the client itself
+// from a URL, closes the client. A client passed to [New] stays open.
 func (d *Driver) Close() error {
 	var err error
 	d.once.Do(func() {
 		d.bg.Close()
+		d.revokePool()
 		d.cancel()
 		d.bg.Wait()
 		if d.ownsClient {
@@ -224,14 +247,37 @@ type waiter struct {
 	secs   int64         // asked, in seconds
 	rev    int64         // create revision of myKey
 	anchor time.Time     // when the request behind the lease's expiry was sent
+	reg    *keyReg       // the hub's interest in myKey
 
 	renewed chan struct{} // while queued: a keepalive was answered (buffered, never closed)
 }
 
-// enqueue grants a lease and puts our key in key's queue. It reports
-// whether we are first in the queue (the holder).
+// errGone: the key was deleted right after it was put (its lease ran out).
+var errGone = errors.New("etcd: the lease ended as the key was put")
+
+// enqueue puts our key in key's queue, on a lease from the pool or a new
+// one. It reports whether we are first in the queue (the holder).
 func (d *Driver) enqueue(ctx context.Context, key string, ttl time.Duration) (*waiter, bool, error) {
-	w := &waiter{d: d, key: key, secs: ttlSeconds(ttl)}
+	secs := ttlSeconds(ttl)
+	for {
+		e, ok := d.pool.take(secs)
+		if !ok {
+			break
+		}
+		w, first, err := d.enqueuePooled(ctx, key, secs, e)
+		if !errors.Is(err, errPoolStale) {
+			return w, first, err
+		}
+	}
+	return d.enqueueFresh(ctx, key, secs)
+}
+
+// errPoolStale: the pooled lease had run out; take another, or grant one.
+var errPoolStale = errors.New("etcd: the pooled lease has run out")
+
+// enqueueFresh grants a lease and puts our key on it.
+func (d *Driver) enqueueFresh(ctx context.Context, key string, secs int64) (*waiter, bool, error) {
+	w := &waiter{d: d, key: key, secs: secs}
 	w.anchor = time.Now()
 	g, err := call(ctx, d, "granting a lease", func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
 		return d.client.Grant(ctx, w.secs)
@@ -240,8 +286,55 @@ func (d *Driver) enqueue(ctx context.Context, key string, ttl time.Duration) (*w
 		return nil, false, err
 	}
 	w.id, w.ttl = g.ID, time.Duration(g.TTL)*time.Second
-	dir := d.dir(key)
+	first, err := w.join(ctx)
+	if err != nil {
+		w.revoke(ctx)
+		if errors.Is(err, errGone) {
+			err = fmt.Errorf("%w: etcd: the new lease ended as the key was put", backend.ErrUnavailable)
+		}
+		return nil, false, err
+	}
+	return w, first, nil
+}
+
+// enqueuePooled puts our key on the idle lease e, and at the same time
+// sends a keepalive of e: the grant's expiry counts from that keepalive's
+// sending. If e has run out (the put fails with "lease not found", or the
+// keepalive finds it gone) it returns errPoolStale; nothing is left behind.
+func (d *Driver) enqueuePooled(ctx context.Context, key string, secs int64, e pooled) (*waiter, bool, error) {
+	w := &waiter{d: d, key: key, secs: secs, id: e.id, ttl: e.ttl}
+	wait := d.ka.start(ctx, []clientv3.LeaseID{e.id})
+	first, err := w.join(ctx)
+	r := wait()[0]
+	switch {
+	case errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, errGone):
+		return nil, false, errPoolStale
+	case err != nil:
+		// The put may have happened: revoking the lease deletes the
+		// key.
+		w.revoke(ctx)
+		return nil, false, err
+	case errors.Is(r.err, backend.ErrNotHeld):
+		// The lease ran out after the put: the key went with it.
+		w.reg.stop()
+		return nil, false, errPoolStale
+	case r.err != nil:
+		// The lease's expiry is not known: give it up.
+		w.revoke(ctx)
+		return nil, false, r.err
+	}
+	w.ttl, w.anchor = r.ttl, r.sent
+	return w, first, nil
+}
+
+// join puts our key (on w.id) in the queue and reads the queue's head, in
+// one transaction; the hub's interest in our key is registered first, so
+// that no delete of it is missed. It reports whether we are first.
+func (w *waiter) join(ctx context.Context) (bool, error) {
+	d := w.d
+	dir := d.dir(w.key)
 	w.myKey = fmt.Sprintf("%s%016x", dir, int64(w.id))
+	w.reg = d.hub.watchKey(w.myKey)
 	resp, err := call(ctx, d, "joining the queue", func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return d.client.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(w.myKey), "=", 0)).
@@ -251,19 +344,33 @@ func (d *Driver) enqueue(ctx context.Context, key string, ttl time.Duration) (*w
 			).Commit()
 	})
 	if err != nil {
-		w.revoke(ctx)
-		return nil, false, err
+		w.reg.stop()
+		return false, err
 	}
 	if !resp.Succeeded {
-		// A fresh lease's key cannot exist: someone else writes under
+		// A free lease's key cannot exist: someone else writes under
 		// our prefix.
-		w.revoke(ctx)
-		return nil, false, fmt.Errorf("%w: etcd: key %q already exists; is another program writing under prefix %q?",
+		w.reg.stop()
+		return false, fmt.Errorf("%w: etcd: key %q already exists; is another program writing under prefix %q?",
 			backend.ErrUnavailable, w.myKey, d.prefix)
 	}
 	w.rev = resp.Header.Revision
+	gone, unsure := w.reg.setRev(w.rev)
+	if !gone && unsure {
+		// The hub's watch was not in force throughout: read the key.
+		g, err := d.get(ctx, "reading the lock key", w.myKey)
+		if err != nil {
+			w.reg.stop()
+			return false, err
+		}
+		gone = len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != w.rev
+	}
+	if gone {
+		w.reg.stop()
+		return false, errGone
+	}
 	owner := resp.Responses[1].GetResponseRange().Kvs
-	return w, len(owner) > 0 && owner[0].CreateRevision == w.rev, nil
+	return len(owner) > 0 && owner[0].CreateRevision == w.rev, nil
 }
 
 // acquireErr is the error of an acquire that failed with err. When ctx
@@ -283,32 +390,33 @@ func acquireErr(ctx context.Context, err error) error {
 }
 
 // TryAcquire makes one attempt: it joins the queue and, unless first,
-// leaves it at once (revoking its lease) and reports the key as held.
+// leaves it at once (deleting its key; its lease goes back to the pool) and
+// reports the key as held.
 func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
 	w, first, err := d.enqueue(ctx, key, ttl)
 	if err != nil {
 		return nil, acquireErr(ctx, err)
 	}
 	if !first {
-		w.revoke(ctx)
+		w.leave(ctx)
 		return nil, &backend.HeldError{}
 	}
 	return d.newLease(w), nil
 }
 
 // Acquire joins key's queue and waits for every waiter ahead of it to go,
-// watching only its immediate predecessor (no herd effect). The watch starts
-// at the server's current revision, so the watcher is (almost always, see
-// waitDelete) in etcd's synced group and wakes within a round trip of the
-// delete; a delete between the read that found the predecessor and the
-// watch is caught by a second read. The predecessor is also read again
+// waiting only for its immediate predecessor's delete (no herd effect),
+// which the Driver's prefix watch reports (see hub): the waiter's interest
+// is registered before each queue read, so a delete after the read is never
+// missed, and the watch is in etcd's synced group, so the waiter wakes
+// within a round trip of the delete. The predecessor is also read again
 // after each answered keepalive, so a watch on a frozen member delays the
 // waiter by about a third of its TTL, not for ever. While queued, the
 // waiter's lease is kept alive; if it is lost anyway, or no keepalive was
 // answered for its TTL (a partition, a cluster without quorum), Acquire
 // fails with ErrUnavailable. A failed read (an election, say) is retried
-// until then: it does not fail Acquire by itself. On any error or cancellation the lease is revoked,
-// which removes the waiter key.
+// until then: it does not fail Acquire by itself. On any error or
+// cancellation the lease is revoked, which removes the waiter key.
 func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
 	w, first, err := d.enqueue(ctx, key, ttl)
 	if err != nil {
@@ -326,7 +434,7 @@ func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (ba
 
 // wait returns once no key older than ours is left in the queue and ours is
 // still there. A read that fails (an election, a member that does not
-// answer) is tried again after a pause, as a broken watch is: the wait
+// answer) is tried again after a pause, as after a broken watch: the wait
 // ends only when ctx does, or when the keepalive finds the lease lost or
 // unanswered for its TTL.
 func (w *waiter) wait(ctx context.Context) error {
@@ -337,6 +445,8 @@ func (w *waiter) wait(ctx context.Context) error {
 	kaDone.Go(func() { w.keepAlive(ctx, cancel) })
 	defer kaDone.Wait() // after cancel (deferred later, run earlier)
 	defer cancel(nil)
+	reg := w.d.hub.watchDir(w.d.dir(w.key))
+	defer reg.stop()
 
 	// Each read takes, in one transaction, the key just ahead of ours and
 	// our own key (which must still be there: a waiter whose lease expired
@@ -344,6 +454,8 @@ func (w *waiter) wait(ctx context.Context) error {
 	ahead := clientv3.OpGet(w.d.dir(w.key), append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(w.rev-1))...)
 	own := clientv3.OpGet(w.myKey)
 	for {
+		// Before the read: a delete after it is then not missed.
+		reg.reset()
 		resp, err := queued(ctx, w, "reading the queue", func(ctx context.Context) (*clientv3.TxnResponse, error) {
 			return w.d.client.Txn(ctx).Then(ahead, own).Commit()
 		})
@@ -364,8 +476,31 @@ func (w *waiter) wait(ctx context.Context) error {
 		if w.d.afterQueueRead != nil {
 			w.d.afterQueueRead()
 		}
-		if err := w.waitDelete(ctx, string(kvs[0].Key), kvs[0].CreateRevision, resp.Header.Revision); err != nil {
+		pred := string(kvs[0].Key)
+		if reg.expect(pred, resp.Header.Revision) {
+			continue // deleted since the read
+		}
+		if err := w.waitWake(ctx, reg, pred, kvs[0].CreateRevision); err != nil {
 			return waitErr(ctx, err)
+		}
+	}
+}
+
+// waitWake waits until the queue should be read again: the hub saw the
+// predecessor key (created at createRev) deleted, or its watch broke or was
+// made again, or a read after an answered keepalive finds key gone (a watch
+// on a frozen member delivers nothing).
+func (w *waiter) waitWake(ctx context.Context, reg *dirReg, key string, createRev int64) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-reg.ch:
+			return nil
+		case <-w.renewed:
+			if gone, err := w.predGone(ctx, key, createRev); err == nil && gone {
+				return nil
+			}
 		}
 	}
 }
@@ -389,80 +524,6 @@ func waitErr(ctx context.Context, err error) error {
 		return cause
 	}
 	return err
-}
-
-// waitDelete waits for the deletion of key (created at createRev), which a
-// read at revision readRev found in the queue. It returns nil when the
-// caller should read the queue again: key was deleted, or may have been.
-//
-// The watch starts at the server's current revision, so that it is in
-// etcd's synced group and a delete reaches it within a round trip. (A watch
-// from readRev+1 is synced only if nothing was written since the read;
-// otherwise the server has passed its start and puts it in the unsynced
-// group, whose events are sent by a loop every 100ms.) On etcd 3.7 a watch
-// without a start revision is always synced; etcd 3.5 and 3.6 read the
-// current revision just before registering the watch, so a write in that
-// instant still puts it in the unsynced group, rarely. Whatever happened
-// between the read and the watch's creation is covered by the revision in
-// the watch's created notice: if it is above readRev, something was
-// written in between, perhaps the delete, and key is read once more.
-//
-// The watch requires a leader: a member cut off from the others cancels
-// it, and the queue is read again (through a member that has a leader, or
-// after a pause). A member that is frozen (a stopped process, a host that
-// no longer answers but keeps its connections) cancels nothing, so key is
-// also read again after each answered keepalive of the waiter's lease
-// (every third of its TTL): the waiter goes on within about that period of
-// the delete even if its watch will never deliver it.
-func (w *waiter) waitDelete(ctx context.Context, key string, createRev, readRev int64) error {
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	wch := w.d.client.Watch(wctx, key, clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-w.renewed:
-			if gone, err := w.predGone(wctx, key, createRev); err == nil && gone {
-				return nil
-			}
-		case wr, ok := <-wch:
-			if !ok {
-				// The channel closed: ctx ended, or the client was
-				// closed.
-				if err := ctx.Err(); err != nil {
-					return err
-				}
-				return fmt.Errorf("%w: etcd: watch of %q ended", backend.ErrUnavailable, key)
-			}
-			if err := wr.Err(); err != nil {
-				// Compacted, or cancelled by the server (no leader,
-				// say): read the queue again, after a pause so that
-				// a watch refused at once is not retried in a tight
-				// loop.
-				return pause(ctx, watchRetryPause)
-			}
-			if wr.Created {
-				if wr.Header.Revision <= readRev {
-					continue // nothing was written since the read
-				}
-				gone, err := w.predGone(wctx, key, createRev)
-				if err != nil {
-					// As for a broken watch: read the queue again.
-					return pause(ctx, watchRetryPause)
-				}
-				if gone {
-					return nil // deleted before the watch began
-				}
-				continue
-			}
-			for _, ev := range wr.Events {
-				if ev.Type == clientv3.EventTypeDelete {
-					return nil
-				}
-			}
-		}
-	}
 }
 
 // predGone reads key, a waiter's predecessor created at createRev, and
@@ -504,8 +565,9 @@ func (w *waiter) period() time.Duration {
 // cluster answered (a partition, a cluster without quorum: the lease may
 // have expired, and a grant made on it could not be trusted), it cancels
 // the wait with that as the cause. A renewal not answered within
-// [waiter.period] is given up and sent again soon, so that one that went to
-// a frozen member does not use up the TTL.
+// [waiter.period] is given up and sent again soon (on a new keepalive
+// stream, which may go to another member), so that one that went to a
+// frozen member does not use up the TTL.
 func (w *waiter) keepAlive(ctx context.Context, cancel context.CancelCauseFunc) {
 	interval := w.ttl / 3
 	t := time.NewTimer(interval)
@@ -517,30 +579,28 @@ func (w *waiter) keepAlive(ctx context.Context, cancel context.CancelCauseFunc) 
 		case <-t.C:
 		}
 		expiry := w.anchor.Add(w.ttl) // the lease may have run out from here on
-		sent := time.Now()
-		if !sent.Before(expiry) {
+		if !time.Now().Before(expiry) {
 			cancel(fmt.Errorf("%w: etcd: no keepalive of the waiter's lease was answered for its TTL (%v): it may have expired while queued",
 				backend.ErrUnavailable, w.ttl))
 			return
 		}
-		// The client retries a keepalive that gets no answer until its
-		// context ends: bound it, and by the lease's possible expiry.
-		kdeadline := sent.Add(w.period())
+		// Bound the renewal by the lease's possible expiry too.
+		kdeadline := time.Now().Add(w.period())
 		if expiry.Before(kdeadline) {
 			kdeadline = expiry
 		}
 		kctx, kcancel := context.WithDeadline(ctx, kdeadline)
-		resp, err := w.d.client.KeepAliveOnce(kctx, w.id)
+		r := w.d.ka.renewOne(kctx, w.id)
 		kcancel()
 		switch {
-		case err == nil && resp.TTL > 0:
-			w.anchor = sent // read by wait's caller only after this goroutine ended
+		case r.err == nil:
+			w.anchor = r.sent // read by wait's caller only after this goroutine ended
 			select {
 			case w.renewed <- struct{}{}:
 			default:
 			}
 			t.Reset(interval)
-		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
+		case errors.Is(r.err, backend.ErrNotHeld):
 			cancel(fmt.Errorf("%w: etcd: the waiter's lease expired while it was queued", backend.ErrUnavailable))
 			return
 		default:
@@ -551,11 +611,31 @@ func (w *waiter) keepAlive(ctx context.Context, cancel context.CancelCauseFunc) 
 	}
 }
 
+// leave takes a waiter that was not first out of the queue: it deletes its
+// key and puts its lease back in the pool, or, if the delete fails, revokes
+// the lease (which deletes the key).
+func (w *waiter) leave(ctx context.Context) {
+	w.reg.stop()
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	tr, err := w.d.txn(rctx, "leaving the queue",
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(w.myKey), "=", w.rev)},
+		clientv3.OpDelete(w.myKey))
+	cancel()
+	if err != nil || !tr.Succeeded {
+		w.revoke(ctx)
+		return
+	}
+	w.d.recycle(w.secs, w.id, w.ttl, w.anchor.Add(w.ttl))
+}
+
 // revoke gives the lease up, which deletes our key: at once if the cluster
 // answers within cleanupTimeout (even when ctx has ended), else in the
 // background, until it is done or the lease has run out by itself (a dead
 // waiter key would hold up the queue behind it until then).
 func (w *waiter) revoke(ctx context.Context) {
+	if w.reg != nil {
+		w.reg.stop()
+	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	_, err := w.d.client.Revoke(rctx, w.id)
 	cancel()

@@ -19,3 +19,28 @@ func AfterQueueRead(d *Driver, f func()) { d.afterQueueRead = f }
 // (to a new lease) through f, which may replace it: an error in place of a
 // success is an answer lost after the move committed.
 func AfterMove(d *Driver, f func(error) error) { d.afterMove = f }
+
+// BreakWatch cancels d's prefix watch, as a compaction or a lost leader
+// would; d makes it again.
+func BreakWatch(d *Driver) { d.hub.breakWatch() }
+
+// WatchCreated returns a channel that receives each time d's prefix watch
+// has been created and the held keys read again.
+func WatchCreated(d *Driver) <-chan struct{} {
+	d.hub.mu.Lock()
+	defer d.hub.mu.Unlock()
+	if d.hub.created == nil {
+		d.hub.created = make(chan struct{}, 16)
+	}
+	return d.hub.created
+}
+
+// PoolSize is the number of idle leases in d's pool.
+func PoolSize(d *Driver) int { return d.pool.size() }
+
+// BeforeWatch makes d's prefix watch call f before each time it is made.
+func BeforeWatch(d *Driver, f func()) {
+	d.hub.mu.Lock()
+	defer d.hub.mu.Unlock()
+	d.hub.before = f
+}

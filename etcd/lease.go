@@ -2,13 +2,10 @@ package etcd
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dlock-go/dlock"
@@ -51,25 +48,15 @@ func OwnerOf(le *dlock.Lease) (o Ownership, ok bool) {
 type lease struct {
 	w *waiter
 
-	leaseMu sync.Mutex // guards w.id, w.ttl and unsettled, changed by Refresh to a new TTL
+	leaseMu sync.Mutex // guards w.id, w.secs, w.ttl, w.anchor and unsettled, changed by Refresh
 	// unsettled are the new leases of moves whose outcome settleMove could
 	// not learn: our key may be on one of them. Release revokes them too.
 	unsettled []*waiter
-
-	releasing atomic.Bool // our own Release deletes the key: not a loss
-	lost      chan struct{}
-	lostErr   error // set before lost is closed
-	stop      context.CancelFunc
 }
 
-// newLease starts the loss watcher of a granted waiter.
-func (d *Driver) newLease(w *waiter) *lease {
-	l := &lease{w: w, lost: make(chan struct{})}
-	ctx, cancel := context.WithCancel(d.ctx)
-	l.stop = cancel
-	d.bg.Go(func() { l.watchLoss(ctx) })
-	return l
-}
+// newLease makes a granted waiter a lease. Its loss is reported by the
+// Driver's prefix watch (through w.reg): no goroutine of its own.
+func (d *Driver) newLease(w *waiter) *lease { return &lease{w: w} }
 
 func (l *lease) Token() uint64 { return uint64(l.w.rev) }
 
@@ -80,12 +67,19 @@ func (l *lease) TTL() time.Duration {
 }
 
 // Anchor is when the request that set the lease's expiry was sent: the
-// grant, or the waiter's last keepalive.
-func (l *lease) Anchor() time.Time { return l.w.anchor }
+// grant, the keepalive sent with the put of a pooled lease, or the waiter's
+// last keepalive.
+func (l *lease) Anchor() time.Time {
+	l.leaseMu.Lock()
+	defer l.leaseMu.Unlock()
+	return l.w.anchor
+}
 
-func (l *lease) Lost() <-chan struct{} { return l.lost }
-
-func (l *lease) LostErr() error { return l.lostErr }
+// NotifyLoss implements backend.LossNotifier: f is called when the
+// Driver's prefix watch sees our key deleted (its lease expired or was
+// revoked, or someone deleted it), or when the watch, made again after a
+// break, reads the key and finds it gone.
+func (l *lease) NotifyLoss(f func(err error)) { l.w.reg.notify(f) }
 
 // As supports *Ownership.
 func (l *lease) As(target any) bool {
@@ -111,11 +105,12 @@ func (l *lease) owned() []clientv3.Cmp {
 }
 
 // Refresh renews the lease. etcd cannot change a lease's TTL: for the TTL
-// the lease was granted with, Refresh sends one keepalive; for another TTL,
+// the lease was granted with, Refresh sends one keepalive (on the Driver's
+// keepalive stream) and, at the same time, checks in a read-only
+// transaction that the key is still ours on that lease; for another TTL,
 // it grants a new lease and moves our key onto it in a transaction that
 // checks we still own the key (the key keeps its create revision, so the
-// token does not change), then revokes the old lease. Either way it
-// confirms the key is still ours.
+// token does not change), then revokes the old lease.
 func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
 	secs := ttlSeconds(ttl)
 	l.leaseMu.Lock()
@@ -123,25 +118,40 @@ func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 	l.leaseMu.Unlock()
 	d := l.w.d
 	if same {
-		resp, err := call(ctx, d, "renewing the lease", func(ctx context.Context) (*clientv3.LeaseKeepAliveResponse, error) {
-			return d.client.KeepAliveOnce(ctx, id)
-		})
+		wait := d.ka.start(ctx, []clientv3.LeaseID{id})
+		tr, terr := d.txn(ctx, "checking the lock key", l.owned())
+		r := wait()[0]
 		switch {
-		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
-			return 0, fmt.Errorf("%w: etcd: the lease has expired", backend.ErrNotHeld)
-		case err != nil:
-			return 0, err
-		}
-		tr, err := d.txn(ctx, "checking the lock key", l.owned())
-		if err != nil {
-			return 0, err
-		}
-		if !tr.Succeeded {
+		case r.err != nil:
+			return 0, r.err
+		case terr != nil:
+			return 0, terr
+		case !tr.Succeeded:
 			return 0, fmt.Errorf("%w: etcd: the lock key is gone", backend.ErrNotHeld)
 		}
-		return time.Duration(resp.TTL) * time.Second, nil
+		l.renewed(id, r)
+		return r.ttl, nil
 	}
+	return l.move(ctx, secs)
+}
 
+// renewed records a successful keepalive r of lease id.
+func (l *lease) renewed(id clientv3.LeaseID, r renewal) {
+	l.leaseMu.Lock()
+	defer l.leaseMu.Unlock()
+	if l.w.id == id {
+		l.w.ttl, l.w.anchor = r.ttl, r.sent
+	}
+}
+
+// move moves our key to a new lease of secs seconds (Refresh to another
+// TTL).
+func (l *lease) move(ctx context.Context, secs int64) (time.Duration, error) {
+	d := l.w.d
+	l.leaseMu.Lock()
+	id := l.w.id
+	l.leaseMu.Unlock()
+	sent := time.Now()
 	g, err := call(ctx, d, "granting a lease", func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
 		return d.client.Grant(ctx, secs)
 	})
@@ -157,14 +167,14 @@ func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 		// The move may have happened. Find out which lease the key is
 		// on before revoking either (revoking the wrong one would
 		// delete our own lock).
-		l.settleMove(ctx, id, g.ID, time.Duration(g.TTL)*time.Second)
+		l.settleMove(ctx, id, g.ID, secs, time.Duration(g.TTL)*time.Second)
 		return 0, err
 	}
 	if !tr.Succeeded {
 		nw.revoke(ctx)
 		return 0, fmt.Errorf("%w: etcd: the lock key is gone", backend.ErrNotHeld)
 	}
-	l.adopt(g.ID, secs, time.Duration(g.TTL)*time.Second)
+	l.adopt(g.ID, secs, time.Duration(g.TTL)*time.Second, sent)
 	(&waiter{d: l.w.d, id: id}).revoke(ctx) // no key on it now: revoking deletes nothing
 	return time.Duration(g.TTL) * time.Second, nil
 }
@@ -176,21 +186,21 @@ func (d *Driver) txn(ctx context.Context, doing string, cmps []clientv3.Cmp, the
 	})
 }
 
-// adopt makes the lease keep id (of secs asked, ttl granted) alive from now
-// on.
-func (l *lease) adopt(id clientv3.LeaseID, secs int64, ttl time.Duration) {
+// adopt makes the lease keep id (of secs asked, ttl granted, its expiry set
+// by a request sent at anchor) alive from now on.
+func (l *lease) adopt(id clientv3.LeaseID, secs int64, ttl time.Duration, anchor time.Time) {
 	l.leaseMu.Lock()
 	defer l.leaseMu.Unlock()
-	l.w.id, l.w.secs, l.w.ttl = id, secs, ttl
+	l.w.id, l.w.secs, l.w.ttl, l.w.anchor = id, secs, ttl, anchor
 }
 
-// settleMove resolves a move of our key from lease old to lease nw (granted
-// with ttl) whose outcome is unknown: it reads the key and keeps whichever lease it is on,
-// revoking the other. If it cannot tell, both leases are left to run out
-// and nw is remembered as unsettled, for Release to revoke too; owned()
-// then fails if the key is on nw, so no later Refresh reports a lease it
-// does not keep alive.
-func (l *lease) settleMove(ctx context.Context, old, nw clientv3.LeaseID, ttl time.Duration) {
+// settleMove resolves a move of our key from lease old to lease nw (of secs
+// asked, granted with ttl) whose outcome is unknown: it reads the key and
+// keeps whichever lease it is on, revoking the other. If it cannot tell,
+// both leases are left to run out and nw is remembered as unsettled, for
+// Release to revoke too; owned() then fails if the key is on nw, so no later
+// Refresh reports a lease it does not keep alive.
+func (l *lease) settleMove(ctx context.Context, old, nw clientv3.LeaseID, secs int64, ttl time.Duration) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	resp, err := l.w.d.client.Get(rctx, l.w.myKey)
@@ -199,9 +209,12 @@ func (l *lease) settleMove(ctx context.Context, old, nw clientv3.LeaseID, ttl ti
 		return
 	}
 	if len(resp.Kvs) == 1 && resp.Kvs[0].CreateRevision == l.w.rev && clientv3.LeaseID(resp.Kvs[0].Lease) == nw {
+		sent := time.Now()
 		g, err := l.w.d.client.TimeToLive(rctx, nw)
 		if err == nil && g.TTL > 0 {
-			l.adopt(nw, g.GrantedTTL, time.Duration(g.GrantedTTL)*time.Second)
+			// It lasts g.TTL from sent at least.
+			granted := time.Duration(g.GrantedTTL) * time.Second
+			l.adopt(nw, secs, granted, sent.Add(time.Duration(g.TTL)*time.Second-granted))
 			(&waiter{d: l.w.d, id: old}).revoke(ctx)
 			return
 		}
@@ -220,24 +233,36 @@ func (l *lease) setUnsettled(nw clientv3.LeaseID, ttl time.Duration) {
 
 // Release deletes our key if it is still ours (a transaction on its create
 // revision alone: whichever lease the key is on, a key of that name with
-// that create revision is ours), then revokes the lease, and an unsettled
-// one (see settleMove) too. If the delete fails (ctx has ended already, as
-// with `defer lease.Release(reqCtx)` after a cancelled request; or the
-// cluster did not answer), revoking the leases, with a context of their
-// own, deletes the key anyway: the lock is freed at once instead of staying
-// held for the rest of the TTL. Release then still returns the delete's
-// error.
+// that create revision is ours) and returns: that delete is its only Raft
+// write. The lease, without a key now, goes back to the Driver's pool for a
+// later grant of the same TTL. If the key was gone already (ErrNotHeld),
+// the lease is revoked in the background. If the delete fails (ctx has
+// ended already, as with `defer lease.Release(reqCtx)` after a cancelled
+// request; or the cluster did not answer), revoking the leases, with a
+// context of their own, deletes the key anyway: the lock is freed at once
+// instead of staying held for the rest of the TTL. Release then still
+// returns the delete's error. An unsettled lease (see settleMove) is
+// revoked too.
 func (l *lease) Release(ctx context.Context) error {
-	l.releasing.Store(true)
-	tr, err := l.w.d.txn(ctx, "deleting the lock key",
+	d := l.w.d
+	l.w.reg.stop() // our own delete is not a loss
+	tr, err := d.txn(ctx, "deleting the lock key",
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(l.w.myKey), "=", l.w.rev)},
 		clientv3.OpDelete(l.w.myKey))
-	l.stop()
 	l.leaseMu.Lock()
-	w := &waiter{d: l.w.d, id: l.w.id, ttl: l.w.ttl}
+	w := &waiter{d: d, id: l.w.id, ttl: l.w.ttl}
+	secs, anchor := l.w.secs, l.w.anchor
 	unsettled := l.unsettled
 	l.unsettled = nil
 	l.leaseMu.Unlock()
+	if err == nil && len(unsettled) == 0 {
+		if !tr.Succeeded {
+			d.revokeLater(w.id)
+			return fmt.Errorf("%w: etcd: the lock key is gone", backend.ErrNotHeld)
+		}
+		d.recycle(secs, w.id, w.ttl, anchor.Add(w.ttl))
+		return nil
+	}
 	// The revokes ignore ctx's end; the only key on any of these leases
 	// is ours. They run at once, so that a failed Release still takes
 	// at most cleanupTimeout more.
@@ -256,55 +281,90 @@ func (l *lease) Release(ctx context.Context) error {
 	return nil
 }
 
-// watchLoss watches our key from the revision after its creation and
-// reports its deletion (lease expired or revoked, key deleted) as a loss,
-// unless our own Release deleted it. If the watch breaks (compaction, a
-// cancelled watch, a member that lost its leader: the watch requires one),
-// it reads the key and watches again. Each watch is cancelled when it ends,
-// so no watcher is left on the server once the loss is reported.
-func (l *lease) watchLoss(ctx context.Context) {
-	c := l.w.d.client
-	rev := l.w.rev + 1
-	for ctx.Err() == nil {
-		gone := false
-		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		for wr := range c.Watch(wctx, l.w.myKey, clientv3.WithRev(rev), clientv3.WithFilterPut()) {
-			if wr.Err() != nil {
-				break
-			}
-			for _, ev := range wr.Events {
-				if ev.Type == clientv3.EventTypeDelete {
-					gone = true
-				}
-			}
-			if gone {
-				break
-			}
+// RefreshBatch implements backend.BatchRefresher. The requests that keep
+// their lease's TTL are renewed together: one keepalive each, all on the
+// Driver's one keepalive stream (no Raft write), each lease's new expiry
+// counted from the moment its keepalive was sent. A lease whose keepalive
+// finds it gone fails with ErrNotHeld, and so does one whose key the
+// Driver's prefix watch has seen deleted; while that watch is not in force
+// (it broke and is being made again), the keys are read instead, in
+// transactions of up to 100 reads. A request for another TTL moves the key
+// to a new lease, as Refresh does.
+func (d *Driver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest) {
+	var (
+		idx []int
+		ids []clientv3.LeaseID
+		ls  []*lease
+	)
+	for i := range reqs {
+		l, ok := reqs[i].Lease.(*lease)
+		if !ok || l.w.d != d {
+			reqs[i].Err = fmt.Errorf("%w: etcd: not a lease of this driver", backend.ErrNotHeld)
+			continue
 		}
-		cancel()
-		if ctx.Err() != nil {
-			return
+		secs := ttlSeconds(reqs[i].TTL)
+		l.leaseMu.Lock()
+		same, id := secs == l.w.secs, l.w.id
+		l.leaseMu.Unlock()
+		if !same {
+			continue // moved below
 		}
-		if !gone {
-			// The watch broke: is the key still ours?
-			resp, err := l.w.d.get(ctx, "reading the lock key", l.w.myKey)
-			if err != nil {
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(100 * time.Millisecond):
-				}
-				continue
-			}
-			gone = len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != l.w.rev
-			rev = resp.Header.Revision + 1
+		idx, ids, ls = append(idx, i), append(ids, id), append(ls, l)
+	}
+	if len(ids) > 0 {
+		wait := d.ka.start(ctx, ids)
+		var gone map[*lease]bool
+		var gerr error
+		if !d.hub.isLive() {
+			gone, gerr = d.readOwned(ctx, ls)
 		}
-		if gone {
-			if !l.releasing.Load() {
-				l.lostErr = fmt.Errorf("%w: etcd: the lock key was deleted (lease expired or revoked)", backend.ErrLeaseLost)
-				close(l.lost)
+		rs := wait()
+		for j, i := range idx {
+			r, l := rs[j], ls[j]
+			switch {
+			case r.err != nil:
+				reqs[i].Err = r.err
+			case gerr != nil:
+				reqs[i].Err = gerr
+			case gone[l] || l.w.reg.isLost():
+				reqs[i].Err = fmt.Errorf("%w: etcd: the lock key is gone", backend.ErrNotHeld)
+			default:
+				l.renewed(ids[j], r)
+				reqs[i].Granted = r.ttl
 			}
-			return
 		}
 	}
+	for i := range reqs {
+		if reqs[i].Err != nil || reqs[i].Granted != 0 {
+			continue
+		}
+		l := reqs[i].Lease.(*lease)
+		reqs[i].Granted, reqs[i].Err = l.move(ctx, ttlSeconds(reqs[i].TTL))
+	}
+}
+
+// readOwned reads the keys of ls and returns those that are no longer
+// ours.
+func (d *Driver) readOwned(ctx context.Context, ls []*lease) (map[*lease]bool, error) {
+	gone := map[*lease]bool{}
+	for len(ls) > 0 {
+		n := min(len(ls), recheckBatch)
+		batch := ls[:n]
+		ls = ls[n:]
+		ops := make([]clientv3.Op, n)
+		for i, l := range batch {
+			ops[i] = clientv3.OpGet(l.w.myKey, clientv3.WithKeysOnly())
+		}
+		resp, err := d.txn(ctx, "checking the lock keys", nil, ops...)
+		if err != nil {
+			return nil, err
+		}
+		for i, l := range batch {
+			kvs := resp.Responses[i].GetResponseRange().Kvs
+			if len(kvs) == 0 || kvs[0].CreateRevision != l.w.rev {
+				gone[l] = true
+			}
+		}
+	}
+	return gone, nil
 }

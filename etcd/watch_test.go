@@ -139,39 +139,52 @@ func awaitWatchers(t *testing.T, addr string, want int, what string) {
 	t.Fatalf("%s: the server has %d watcher(s) (err %v), want %d", what, n, err, want)
 }
 
-// TestLossWatchEndsAfterLoss: once a lease's loss watch has reported the
-// loss, its server-side watcher is gone, though the lease is neither
-// released nor its Locker closed.
-func TestLossWatchEndsAfterLoss(t *testing.T) {
+// TestOneWatchPerDriver: a Locker's leases and waiters share its driver's
+// one prefix watch: holding many leases adds no server-side watcher, and a lease's loss is still reported (Done, with
+// ErrLeaseLost) when its lease is revoked, and no other lease ends. (Before,
+// each lease had a watch, and a goroutine, of its own.)
+func TestOneWatchPerDriver(t *testing.T) {
 	t.Parallel()
 	// A member of the test's own: the watcher count is the server's total.
 	c := ownCluster(t, 1)
 	addr := c.Members[0].Addr()
 	admin := newClient(t, c.Endpoints())
-	l := newLocker(t, c.Endpoints(), nil)
-
 	base, err := watchers(t.Context(), addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	le, err := l.Acquire(t.Context(), uniqueKey(t), &dlock.AcquireOptions{TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
+	l := newLocker(t, c.Endpoints(), nil)
+	awaitWatchers(t, addr, base+1, "with a Locker open") // its prefix watch
+	const n = 20
+	leases := make([]*dlock.Lease, n)
+	for i := range leases {
+		if leases[i], err = l.Acquire(t.Context(), uniqueKey(t), &dlock.AcquireOptions{TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	awaitWatchers(t, addr, base+1, "while the lease is held") // its loss watch
-	own, _ := etcd.OwnerOf(le)
+	awaitWatchers(t, addr, base+1, fmt.Sprintf("with %d leases held", n))
+	own, _ := etcd.OwnerOf(leases[0])
 	if _, err := admin.Revoke(t.Context(), own.Lease); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-le.Done():
+	case <-leases[0].Done():
 	case <-time.After(slack):
 		t.Fatal("Done did not fire after the lease was revoked")
 	}
-	if err := le.Err(); !errors.Is(err, dlock.ErrLeaseLost) {
+	if err := leases[0].Err(); !errors.Is(err, dlock.ErrLeaseLost) {
 		t.Fatalf("Err = %v, want ErrLeaseLost", err)
 	}
-	awaitWatchers(t, addr, base, "after the loss was reported (lease not released, Locker open)")
+	for _, le := range leases[1:] {
+		if err := le.Err(); err != nil {
+			t.Fatalf("another lease ended with the revoked one: %v", err)
+		}
+	}
+	for _, le := range leases[1:] {
+		if err := le.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // TestWaiterPartitioned: a waiter whose member is cut off from the others
@@ -245,27 +258,25 @@ func TestWaiterPartitioned(t *testing.T) {
 	}
 }
 
-// TestWaiterWatchStartsNow: a waiter's predecessor watch starts at the
-// server's current revision, never at one the server has passed (such a
-// watch is served by etcd's unsynced-watcher loop, every 100ms), and what
-// happened between the queue read and the watch's creation is not missed.
+// TestWaiterWakesFromPrefixWatch: a waiter learns of its predecessor's
+// delete from its driver's prefix watch, registered before it reads its
+// queue, so that nothing between the read and the wait is missed. The
+// waiter's TTL is a minute, so its re-read after a keepalive (every 20s)
+// cannot be what wakes it within slack (10s).
 //
-//   - deleted-before-watch: the predecessor is deleted between the
-//     waiter's queue read and its watch. The waiter must be granted
-//     without any watch event sent to it (the server's
-//     etcd_debugging_mvcc_events_total does not move): a watch from the
-//     read's revision + 1 would get that delete, late, from the unsynced
-//     loop.
-//   - write-before-watch: an unrelated write lands between the read and the
-//     watch, the predecessor goes later: the waiter is woken by its watch.
-func TestWaiterWatchStartsNow(t *testing.T) {
+//   - deleted-after-read: the predecessor is deleted between the waiter's
+//     queue read and its wait. The waiter must be granted.
+//   - write-after-read: an unrelated write lands between the read and the
+//     wait, the predecessor goes later: the waiter is woken, and it added
+//     no watcher on the server (the driver's one prefix watch serves it).
+func TestWaiterWakesFromPrefixWatch(t *testing.T) {
 	t.Parallel()
 	c := ownCluster(t, 1)
 	addr := c.Members[0].Addr()
 	admin := newClient(t, c.Endpoints())
 
 	// waiterLocker returns a Locker whose driver calls hook between its
-	// first queue read and its watch (once only).
+	// first queue read and its wait (once only).
 	waiterLocker := func(t *testing.T, hook func()) *dlock.Locker {
 		cli := newClient(t, c.Endpoints())
 		d, err := etcd.NewDriver(t.Context(), cli, nil)
@@ -284,60 +295,12 @@ func TestWaiterWatchStartsNow(t *testing.T) {
 		return l
 	}
 	acquire := func(t *testing.T, l *dlock.Locker, key string) <-chan acquired {
-		ctx, cancel := context.WithTimeout(t.Context(), slack)
+		ctx, cancel := context.WithTimeout(t.Context(), 2*slack)
 		t.Cleanup(cancel)
 		return acquireAsync(ctx, l, key, time.Minute)
 	}
-
-	t.Run("deleted-before-watch", func(t *testing.T) {
-		key := uniqueKey(t)
-		pred := putPredecessor(t, admin, key, 60)
-		l := waiterLocker(t, func() {
-			if _, err := admin.Delete(t.Context(), pred); err != nil {
-				t.Error(err)
-			}
-		})
-		before, err := metric(t.Context(), addr, "etcd_debugging_mvcc_events_total")
-		if err != nil {
-			t.Fatal(err)
-		}
-		r := <-acquire(t, l, key)
-		if r.err != nil {
-			t.Fatalf("the waiter's Acquire: %v", r.err)
-		}
-		le := r.le
-		after, err := metric(t.Context(), addr, "etcd_debugging_mvcc_events_total")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if after != before {
-			t.Errorf("%v watch event(s) sent while the waiter was granted; want none: the waiter waited for a watch "+
-				"that started before the predecessor's delete (served by etcd's 100ms unsynced loop)", after-before)
-		}
-		if err := le.Release(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-	})
-
-	t.Run("write-before-watch", func(t *testing.T) {
-		key := uniqueKey(t)
-		pred := putPredecessor(t, admin, key, 60)
-		l := waiterLocker(t, func() {
-			if _, err := admin.Put(t.Context(), key+".unrelated", ""); err != nil {
-				t.Error(err)
-			}
-		})
-		awaitWatchers(t, addr, 0, "before the waiter queues")
-		got := acquire(t, l, key)
-		awaitWatchers(t, addr, 1, "the waiter's watch")
-		select {
-		case r := <-got:
-			t.Fatalf("the waiter's Acquire returned while the predecessor is there: %v, %v", r.le, r.err)
-		default:
-		}
-		if _, err := admin.Delete(t.Context(), pred); err != nil {
-			t.Fatal(err)
-		}
+	granted := func(t *testing.T, got <-chan acquired, what string) {
+		t.Helper()
 		select {
 		case r := <-got:
 			if r.err != nil {
@@ -347,8 +310,54 @@ func TestWaiterWatchStartsNow(t *testing.T) {
 				t.Fatal(err)
 			}
 		case <-time.After(slack):
-			t.Fatal("the waiter was not woken by the predecessor's delete")
+			t.Fatalf("the waiter was not woken by the predecessor's delete %s", what)
 		}
+	}
+
+	t.Run("deleted-after-read", func(t *testing.T) {
+		key := uniqueKey(t)
+		pred := putPredecessor(t, admin, key, 60)
+		l := waiterLocker(t, func() {
+			if _, err := admin.Delete(t.Context(), pred); err != nil {
+				t.Error(err)
+			}
+		})
+		granted(t, acquire(t, l, key), "between its queue read and its wait")
+	})
+
+	t.Run("write-after-read", func(t *testing.T) {
+		key := uniqueKey(t)
+		pred := putPredecessor(t, admin, key, 60)
+		base, err := watchers(t.Context(), addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		read := make(chan struct{})
+		l := waiterLocker(t, func() {
+			if _, err := admin.Put(t.Context(), key+".unrelated", ""); err != nil {
+				t.Error(err)
+			}
+			close(read)
+		})
+		awaitWatchers(t, addr, base+1, "with the waiter's Locker open") // its prefix watch
+		got := acquire(t, l, key)
+		select {
+		case <-read:
+		case <-time.After(slack):
+			t.Fatal("the waiter did not read its queue")
+		}
+		select {
+		case r := <-got:
+			t.Fatalf("the waiter's Acquire returned while the predecessor is there: %v, %v", r.le, r.err)
+		default:
+		}
+		if n, err := watchers(t.Context(), addr); err != nil || n != base+1 {
+			t.Errorf("the server has %d watcher(s) (err %v) with the waiter queued, want %d: a waiter adds none", n, err, base+1)
+		}
+		if _, err := admin.Delete(t.Context(), pred); err != nil {
+			t.Fatal(err)
+		}
+		granted(t, got, "after a write")
 	})
 }
 

@@ -1,0 +1,419 @@
+package etcd
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+// hub is a Driver's one watch on its prefix. It dispatches the deletes of
+// keys under the prefix to the leases whose key they delete (a loss) and
+// to the waiters whose predecessor they delete (a wake-up): no goroutine
+// and no server-side watcher per lease or waiter.
+//
+// The watch starts without a revision, so that it is in etcd's synced group
+// and a delete reaches it within a round trip. A registration made while
+// the watch is in force sees every delete that commits after it; one made
+// while the watch is (re-)starting or broken is covered when it is in force
+// again: the held keys are read, and every waiter is woken to read its
+// queue again.
+type hub struct {
+	d *Driver
+
+	mu      sync.Mutex
+	started bool
+	live    bool   // the watch is in force: created, and not broken since
+	gen     uint64 // bumped whenever the watch is created or breaks
+	keys    map[string]*keyReg
+	dirs    map[string]map[*dirReg]struct{}
+	cancel  context.CancelFunc // of the current watch
+	reads   int                // tests: held-key re-reads done after a (re-)creation
+	created chan struct{}      // tests: receives (if there is room) when the watch is created
+	before  func()             // tests: called before each watch is made
+	ready   chan struct{}      // closed when the watch is first in force
+}
+
+// delEvent is one delete seen by the hub.
+type delEvent struct {
+	key string
+	rev int64 // the delete's revision
+}
+
+// keyReg is the hub's interest in one held (or queued) key.
+type keyReg struct {
+	h   *hub
+	key string
+	gen uint64 // h.gen at registration if the watch was live, else 0
+	// Under h.mu:
+	rev  int64       // the key's create revision; 0 until known
+	seen []int64     // revisions of deletes of key seen while rev was 0
+	lost bool        // a delete after rev was seen
+	f    func(error) // the loss callback, once registered
+}
+
+// dirReg is a waiter's interest in the deletes in one lock directory.
+type dirReg struct {
+	h   *hub
+	dir string
+	ch  chan struct{} // receives when the waiter should read its queue again
+	// Under h.mu:
+	pred string     // the key the waiter waits for; "" while unknown
+	seen []delEvent // deletes in dir since reset, while pred is unknown
+}
+
+func newHub(d *Driver) *hub {
+	return &hub{d: d, keys: map[string]*keyReg{}, dirs: map[string]map[*dirReg]struct{}{}, ready: make(chan struct{})}
+}
+
+// startLocked starts the watch on first use. h.mu is held.
+func (h *hub) startLocked() {
+	if h.started {
+		return
+	}
+	h.started = true
+	h.d.bg.Go(func() { h.run(h.d.ctx) })
+}
+
+// lossErr is the error a lease's loss callback receives.
+var lossErr = fmt.Errorf("%w: etcd: the lock key was deleted (lease expired or revoked)", backend.ErrLeaseLost)
+
+// watchKey registers interest in deletes of key, before the transaction
+// that puts it (its create revision is not known yet: see setRev).
+func (h *hub) watchKey(key string) *keyReg {
+	r := &keyReg{h: h, key: key}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.startLocked()
+	if h.live {
+		r.gen = h.gen
+	}
+	h.keys[key] = r
+	return r
+}
+
+// setRev records the key's create revision. It reports whether a delete
+// after it was seen already (the key is gone), and whether the watch may
+// have missed one: it was not in force throughout since the registration,
+// and the caller must read the key to know.
+func (r *keyReg) setRev(rev int64) (gone, unsure bool) {
+	h := r.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r.rev = rev
+	for _, dr := range r.seen {
+		if dr > rev {
+			r.lost = true
+		}
+	}
+	r.seen = nil
+	return r.lost, r.gen == 0 || r.gen != h.gen
+}
+
+// notify registers the loss callback: called at once if the loss is known.
+func (r *keyReg) notify(f func(error)) {
+	h := r.h
+	h.mu.Lock()
+	if !r.lost {
+		r.f = f
+		h.mu.Unlock()
+		return
+	}
+	h.mu.Unlock()
+	f(lossErr)
+}
+
+// isLost reports whether a delete of the key was seen.
+func (r *keyReg) isLost() bool {
+	r.h.mu.Lock()
+	defer r.h.mu.Unlock()
+	return r.lost
+}
+
+// markLost records that the key is gone (a read or a refresh found it so)
+// and calls the loss callback, once.
+func (r *keyReg) markLost() {
+	h := r.h
+	h.mu.Lock()
+	f := r.lostLocked()
+	h.mu.Unlock()
+	if f != nil {
+		f(lossErr)
+	}
+}
+
+// lostLocked marks r lost and returns the callback to call (nil if none, or
+// if it was lost already). h.mu is held.
+func (r *keyReg) lostLocked() func(error) {
+	if r.lost {
+		return nil
+	}
+	r.lost = true
+	f := r.f
+	r.f = nil
+	if r.h.keys[r.key] == r {
+		delete(r.h.keys, r.key)
+	}
+	return f
+}
+
+// stop ends the interest: no callback is made after it returns.
+func (r *keyReg) stop() {
+	h := r.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r.f = nil
+	if h.keys[r.key] == r {
+		delete(h.keys, r.key)
+	}
+}
+
+// watchDir registers a waiter's interest in the deletes in dir.
+func (h *hub) watchDir(dir string) *dirReg {
+	r := &dirReg{h: h, dir: dir, ch: make(chan struct{}, 1)}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.startLocked()
+	m := h.dirs[dir]
+	if m == nil {
+		m = map[*dirReg]struct{}{}
+		h.dirs[dir] = m
+	}
+	m[r] = struct{}{}
+	return r
+}
+
+// reset forgets the predecessor and the deletes seen; the waiter calls it
+// just before it reads its queue.
+func (r *dirReg) reset() {
+	r.h.mu.Lock()
+	defer r.h.mu.Unlock()
+	r.pred, r.seen = "", nil
+	select {
+	case <-r.ch:
+	default:
+	}
+}
+
+// expect makes pred, found by a queue read at revision readRev, the key
+// whose delete wakes the waiter. It reports whether pred was deleted after
+// the read already.
+func (r *dirReg) expect(pred string, readRev int64) (gone bool) {
+	r.h.mu.Lock()
+	defer r.h.mu.Unlock()
+	for _, ev := range r.seen {
+		if ev.key == pred && ev.rev > readRev {
+			return true
+		}
+	}
+	r.pred, r.seen = pred, nil
+	return false
+}
+
+// stop ends the interest.
+func (r *dirReg) stop() {
+	h := r.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if m := h.dirs[r.dir]; m != nil {
+		delete(m, r)
+		if len(m) == 0 {
+			delete(h.dirs, r.dir)
+		}
+	}
+}
+
+func (r *dirReg) wake() {
+	select {
+	case r.ch <- struct{}{}:
+	default:
+	}
+}
+
+// dispatch hands the deletes of one watch response out.
+func (h *hub) dispatch(evs []*clientv3.Event) {
+	var calls []func(error)
+	h.mu.Lock()
+	for _, ev := range evs {
+		if ev.Type != clientv3.EventTypeDelete {
+			continue
+		}
+		key, rev := string(ev.Kv.Key), ev.Kv.ModRevision
+		if r := h.keys[key]; r != nil {
+			switch {
+			case r.rev == 0:
+				r.seen = append(r.seen, rev)
+			case rev > r.rev:
+				if f := r.lostLocked(); f != nil {
+					calls = append(calls, f)
+				}
+			}
+		}
+		i := strings.LastIndexByte(key, '/')
+		if i < 0 {
+			continue
+		}
+		for r := range h.dirs[key[:i+1]] {
+			switch r.pred {
+			case "":
+				r.seen = append(r.seen, delEvent{key, rev})
+			case key:
+				r.wake()
+			}
+		}
+	}
+	h.mu.Unlock()
+	for _, f := range calls {
+		f(lossErr)
+	}
+}
+
+// wakeAllLocked wakes every waiter. h.mu is held.
+func (h *hub) wakeAllLocked() {
+	for _, m := range h.dirs {
+		for r := range m {
+			r.wake()
+		}
+	}
+}
+
+// run keeps the watch going until ctx ends. When the watch breaks
+// (compacted, cancelled by a member without a leader, a client error) the
+// waiters are woken, and the watch is made again; once it is created, the
+// held keys are read (a delete between the break and the new watch would
+// otherwise be missed) and the waiters woken again.
+func (h *hub) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		h.mu.Lock()
+		h.cancel = cancel
+		before := h.before
+		h.mu.Unlock()
+		if before != nil {
+			before()
+		}
+		wch := h.d.client.Watch(wctx, h.d.prefix, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+		for wr := range wch {
+			if wr.Err() != nil {
+				break
+			}
+			if wr.Created {
+				if err := h.established(wctx); err != nil {
+					break
+				}
+				continue
+			}
+			h.dispatch(wr.Events)
+		}
+		cancel()
+		h.mu.Lock()
+		h.live = false
+		h.gen++
+		h.wakeAllLocked()
+		h.mu.Unlock()
+		_ = pause(ctx, watchRetryPause)
+	}
+}
+
+// established runs when the watch is created: it wakes the waiters, reads
+// the held keys whose create revision is known (a key whose revision is not
+// known yet is read by its acquire: see setRev), and then marks the watch
+// live.
+func (h *hub) established(ctx context.Context) error {
+	h.mu.Lock()
+	h.gen++
+	h.wakeAllLocked()
+	regs := make([]*keyReg, 0, len(h.keys))
+	for _, r := range h.keys {
+		if r.rev != 0 && !r.lost {
+			regs = append(regs, r)
+		}
+	}
+	h.mu.Unlock()
+	if err := h.recheck(ctx, regs); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	// Live only now: a key registered during the reads is read by its
+	// acquire (setRev reports it unsure).
+	if !h.live && h.reads == 0 {
+		close(h.ready)
+	}
+	h.live = true
+	h.reads++
+	c := h.created
+	h.mu.Unlock()
+	if c != nil {
+		select {
+		case c <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+// recheckBatch is how many keys one transaction of recheck reads (etcd
+// allows 128 operations per transaction by default).
+const recheckBatch = 100
+
+// recheck reads the keys of regs and reports those gone as lost.
+func (h *hub) recheck(ctx context.Context, regs []*keyReg) error {
+	for len(regs) > 0 {
+		n := min(len(regs), recheckBatch)
+		batch := regs[:n]
+		regs = regs[n:]
+		ops := make([]clientv3.Op, len(batch))
+		for i, r := range batch {
+			ops[i] = clientv3.OpGet(r.key, clientv3.WithKeysOnly())
+		}
+		resp, err := h.d.txn(ctx, "reading the held keys again", nil, ops...)
+		if err != nil {
+			return err
+		}
+		var calls []func(error)
+		h.mu.Lock()
+		for i, r := range batch {
+			kvs := resp.Responses[i].GetResponseRange().Kvs
+			if len(kvs) == 0 || kvs[0].CreateRevision != r.rev {
+				if h.keys[r.key] == r {
+					if f := r.lostLocked(); f != nil {
+						calls = append(calls, f)
+					}
+				}
+			}
+		}
+		h.mu.Unlock()
+		for _, f := range calls {
+			f(lossErr)
+		}
+	}
+	return nil
+}
+
+// breakWatch cancels the current watch (tests: as a compaction or a lost
+// leader would).
+func (h *hub) breakWatch() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.cancel != nil {
+		h.cancel()
+	}
+}
+
+// isLive reports whether the watch is in force.
+func (h *hub) isLive() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.live
+}
+
+// keyCount is the number of registered keys (tests).
+func (h *hub) keyCount() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.keys)
+}

@@ -1,0 +1,235 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+// keeper sends the keepalives of a Driver's leases on one LeaseKeepAlive
+// stream (a keepalive is not a Raft write; the leader renews the lease in
+// memory). The server answers the requests of one stream in order, one
+// answer per request, so answers are matched to requests by lease ID, first
+// in first out. A stream that fails, or leaves a request unanswered past its
+// caller's deadline (a frozen member), is dropped: its unanswered requests
+// fail, and the next request opens a new stream, which the client may send
+// to another member.
+type keeper struct {
+	d *Driver
+
+	mu  sync.Mutex
+	cur *kaStream
+}
+
+// kaStream is one LeaseKeepAlive stream and its unanswered requests.
+type kaStream struct {
+	stream pb.Lease_LeaseKeepAliveClient
+	cancel context.CancelFunc
+
+	sendMu sync.Mutex // serializes Send
+
+	mu      sync.Mutex
+	pending map[int64][]chan kaAnswer
+	err     error // set when the stream has ended
+}
+
+// kaAnswer is the server's answer to one keepalive: the lease's TTL in
+// seconds (<= 0: the lease is gone), or an error.
+type kaAnswer struct {
+	ttl int64
+	err error
+}
+
+// renewal is the outcome of one keepalive.
+type renewal struct {
+	ttl  time.Duration // granted; 0 with err == nil never happens
+	sent time.Time     // when the request was sent: the lease lasts ttl from then at least
+	err  error         // wraps ErrNotHeld (the lease is gone) or ErrUnavailable
+}
+
+// stream returns the current stream, opening one if there is none. The
+// open is bounded by ctx.
+func (k *keeper) stream(ctx context.Context) (*kaStream, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.cur != nil {
+		return k.cur, nil
+	}
+	sctx, cancel := context.WithCancel(clientv3.WithRequireLeader(k.d.ctx))
+	stop := context.AfterFunc(ctx, cancel)
+	st, err := clientv3.RetryLeaseClient(k.d.client).LeaseKeepAlive(sctx)
+	if !stop() {
+		cancel()
+		if err == nil {
+			err = ctx.Err()
+		}
+	}
+	if err != nil {
+		cancel()
+		return nil, unavailable("opening a keepalive stream", clientv3.ContextError(ctx, err))
+	}
+	s := &kaStream{stream: st, cancel: cancel, pending: map[int64][]chan kaAnswer{}}
+	if !k.d.bg.Go(func() { k.recv(s) }) {
+		cancel()
+		return nil, fmt.Errorf("%w: etcd: the driver is closed", backend.ErrClosed)
+	}
+	k.cur = s
+	return s, nil
+}
+
+// recv delivers the answers of s until it ends.
+func (k *keeper) recv(s *kaStream) {
+	for {
+		resp, err := s.stream.Recv()
+		if err != nil {
+			k.drop(s, err)
+			return
+		}
+		s.mu.Lock()
+		q := s.pending[resp.ID]
+		var ch chan kaAnswer
+		if len(q) > 0 {
+			ch = q[0]
+			if len(q) == 1 {
+				delete(s.pending, resp.ID)
+			} else {
+				s.pending[resp.ID] = q[1:]
+			}
+		}
+		s.mu.Unlock()
+		if ch != nil {
+			ch <- kaAnswer{ttl: resp.TTL}
+		}
+	}
+}
+
+// drop ends s with err: its unanswered requests fail, and the next request
+// opens a new stream.
+func (k *keeper) drop(s *kaStream, err error) {
+	s.cancel()
+	k.mu.Lock()
+	if k.cur == s {
+		k.cur = nil
+	}
+	k.mu.Unlock()
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = err
+	}
+	pending := s.pending
+	s.pending = map[int64][]chan kaAnswer{}
+	s.mu.Unlock()
+	for _, q := range pending {
+		for _, ch := range q {
+			ch <- kaAnswer{err: err}
+		}
+	}
+}
+
+// errStreamStuck is why a stream whose answer did not come in time is
+// dropped.
+var errStreamStuck = errors.New("a keepalive went unanswered")
+
+// send sends one keepalive per id, in order, and returns the channels their
+// answers come on (each receives exactly one answer) and when each was
+// sent.
+func (k *keeper) send(ctx context.Context, ids []clientv3.LeaseID) (*kaStream, []chan kaAnswer, []time.Time, error) {
+	s, err := k.stream(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	chs := make([]chan kaAnswer, len(ids))
+	sent := make([]time.Time, len(ids))
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	for i, id := range ids {
+		ch := make(chan kaAnswer, 1)
+		chs[i] = ch
+		s.mu.Lock()
+		if s.err != nil {
+			s.mu.Unlock()
+			ch <- kaAnswer{err: s.err}
+			continue
+		}
+		s.pending[int64(id)] = append(s.pending[int64(id)], ch)
+		s.mu.Unlock()
+		sent[i] = time.Now()
+		if err := s.stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)}); err != nil {
+			// The stream has ended: recv fails every pending request,
+			// this one included.
+			k.drop(s, err)
+		}
+	}
+	return s, chs, sent, nil
+}
+
+// renew sends one keepalive for each of ids on the shared stream and waits
+// for the answers: start(ctx, ids)().
+func (k *keeper) renew(ctx context.Context, ids []clientv3.LeaseID) []renewal {
+	return k.start(ctx, ids)()
+}
+
+// start sends one keepalive for each of ids on the shared stream now, and
+// returns a function that waits for the answers, or until ctx ends or the
+// request timeout has passed since the sending: the unanswered ones then
+// fail with ErrUnavailable, and a stream that left a request unanswered
+// until a deadline is dropped (the member may be frozen).
+func (k *keeper) start(ctx context.Context, ids []clientv3.LeaseID) func() []renewal {
+	out := make([]renewal, len(ids))
+	rctx, cancel := context.WithTimeout(ctx, k.d.timeout)
+	s, chs, sent, err := k.send(rctx, ids)
+	if err != nil {
+		cancel()
+		for i := range out {
+			out[i].err = err
+		}
+		return func() []renewal { return out }
+	}
+	return func() []renewal {
+		defer cancel()
+		for i, ch := range chs {
+			out[i].sent = sent[i]
+			var a kaAnswer
+			select {
+			case a = <-ch:
+			case <-rctx.Done():
+				if ctx.Err() == nil {
+					k.drop(s, errStreamStuck)
+					out[i].err = fmt.Errorf("%w: etcd: renewing the lease: no answer within the request timeout (%v)", backend.ErrUnavailable, k.d.timeout)
+					continue
+				}
+				if ctxDeadline(ctx) {
+					k.drop(s, errStreamStuck)
+				}
+				out[i].err = unavailable("renewing the lease", ctx.Err())
+				continue
+			}
+			switch {
+			case a.err != nil:
+				out[i].err = unavailable("renewing the lease", a.err)
+			case a.ttl <= 0:
+				out[i].err = fmt.Errorf("%w: etcd: the lease has expired", backend.ErrNotHeld)
+			default:
+				out[i].ttl = time.Duration(a.ttl) * time.Second
+			}
+		}
+		return out
+	}
+}
+
+// renewOne is renew of one lease.
+func (k *keeper) renewOne(ctx context.Context, id clientv3.LeaseID) renewal {
+	return k.renew(ctx, []clientv3.LeaseID{id})[0]
+}
+
+// ctxDeadline reports whether ctx ended by its deadline.
+func ctxDeadline(ctx context.Context) bool {
+	return errors.Is(ctx.Err(), context.DeadlineExceeded)
+}
