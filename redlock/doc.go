@@ -15,23 +15,38 @@
 //     single-Redis acquire script (SET key value NX PX ttl, and a token from
 //     the node's counter) to all N nodes in parallel, each round trip cut at
 //     NodeTimeout (default 50ms, at most a tenth of the TTL), so an attempt
-//     costs the slowest round trip, not their sum.
-//   - The lock is ours with a majority (N/2+1) and validity left:
-//     TTL − elapsed − drift > 0, drift = TTL × DriftFactor + 2ms. Otherwise
-//     it is released on all nodes, those that seemed to fail included.
+//     costs the slowest round trip it needs, not their sum.
+//   - It returns as soon as the outcome is decided, not when every node has
+//     answered: a grant once a majority (N/2+1) has granted with validity
+//     left (TTL − elapsed − drift > 0, drift = TTL × DriftFactor + 2ms); a
+//     refusal once so many nodes have refused or failed that no majority is
+//     possible. The replies still on their way are handled when they come
+//     (see "Returning early" below).
+//   - A failed attempt deletes the key, in the background (bounded by the
+//     per-node timeouts; Close waits for it), where it may have been set:
+//     on the nodes that granted, whose reply was lost, or whose reply is
+//     still to come (deleted when it comes). A node that refused holds
+//     nothing of ours and gets nothing.
 //   - The dlock layer retries after a jittered delay (so competing clients
 //     do not split the vote forever), bounded by the caller's context. A
 //     lock held by others is reported as ErrNotAcquired; when too few nodes
 //     answer to tell, the attempt fails with ErrUnavailable, which ends
 //     TryAcquire, while Acquire tries again and gives up only after
 //     dlock.FailedAttempts such rounds in a row.
-//   - Release is a compare-and-delete on all nodes.
-//   - Refresh is a compare-and-PEXPIRE on all nodes: it never re-creates a
-//     lapsed key (that would be a new acquire) and counts only with a
-//     majority, answered within the TTL less the drift. The same script
+//   - Release is a compare-and-delete on the nodes where the lease may hold
+//     the key (not on those that refused it); it returns once a majority
+//     has confirmed (or said it was not ours), the other deletes finishing
+//     in the background (Close waits for them).
+//   - Refresh is a compare-and-PEXPIRE on the nodes where the lease may
+//     hold the key: it never re-creates a lapsed key (that would be a new
+//     acquire) and counts only with a majority, answered within the TTL
+//     less the drift; it returns once that is decided. The same script
 //     raises each node's counter to the token (see Fencing below). The
 //     dlock watchdog bounds each refresh by the lease's deadline and the
-//     total hold by MaxHold.
+//     total hold by MaxHold. The Driver is a backend.BatchRefresher: the
+//     watchdog's refreshes that come due together go to each node in one
+//     pipeline, the nodes in parallel, each lease decided by majority as
+//     Refresh decides it.
 //   - Lease.Deadline is the start of the attempt plus the TTL, less the
 //     drift margin: the validity the algorithm computes (the Locker uses
 //     this backend's DriftFactor when it is larger than its own).
@@ -41,6 +56,15 @@
 //   - Release succeeds only if the lock was still ours on a majority;
 //     otherwise the lease had been lost (ErrNotHeld), whatever a minority
 //     still held (it is deleted too).
+//   - Every script goes through one queue per node: a long-lived worker per
+//     node sends what is queued as one pipeline, so concurrent attempts,
+//     releases and refreshes share round trips, and no goroutine is started
+//     per node per call. The calls to a node run in the order they were
+//     queued (a pipeline is sent once the one before has been answered):
+//     a release queued while its acquire is on its way runs after it. Over
+//     a node slower than the per-node timeout, the calls queued behind a
+//     slow pipeline wait for it, and those whose timeout passes meanwhile
+//     fail without being sent.
 //   - One server given twice would vote twice: New refuses (with
 //     ErrInvalidConfig naming both nodes) a client given twice, and two
 //     clients that reach one server: the same host and port however
@@ -61,6 +85,28 @@
 //     made from options with another address. A Unix socket path is compared after filepath.Clean only
 //     (a symlink, a relative path from another directory, or a hard link
 //     to the same socket is not recognised).
+//
+// # Returning early: the token and the deadline of a grant
+//
+// A grant is returned when a majority has granted, before the other nodes
+// have answered. Its token is the largest of that majority's (the nodes that
+// had answered then): any later majority shares a node with it, which is
+// what the token's order rests on (see Fencing). A node that grants later
+// (a straggler) is part of the lease all the same: Refresh extends and
+// Release deletes the key there; its token, which may be larger or smaller
+// than the lease's, is not the lease's, but if it is below the token and
+// its clock would not pass the token before the key can expire there, the
+// token is written back to it as for the majority's nodes. If the lease has
+// been released (or the attempt failed) by the time a straggler grants,
+// the key is deleted there at once.
+//
+// The validity does not change: Lease.Deadline counts from the start of the
+// attempt, before any node could have set the key, so a straggler's key
+// (set later, expiring later) does not shorten it; a straggler cannot make
+// the lease valid for longer either. Returning early only removes the wait
+// for the slowest nodes: with a minority of nodes slow or down, a grant no
+// longer costs the per-node timeout, and the validity left is larger by
+// that much.
 //
 // # Waiting: woken by releases
 //

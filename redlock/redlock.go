@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -56,15 +55,18 @@ type Driver struct {
 	nodeTimeout time.Duration
 	ownsClients bool
 	closeOnce   sync.Once
-	bg          bg.Group        // node calls and token write-backs; Close waits for them
+	bg          bg.Group        // script loading in NewDriver; Close waits for it
+	disp        []*dispatcher   // one queue per node, sent in pipelines (dispatch.go)
+	calls       sync.WaitGroup  // calls queued or in flight, until their replies are handled (round.go)
 	hubs        []*redishub.Hub // release channels, one pub/sub connection per node (watch.go)
 	watchBG     bg.Group        // the goroutines of Watch; Close waits for them, within a bound
 }
 
 var (
-	_ backend.Driver  = (*Driver)(nil)
-	_ backend.Waiter  = (*Driver)(nil)
-	_ backend.Drifter = (*Driver)(nil)
+	_ backend.Driver         = (*Driver)(nil)
+	_ backend.Waiter         = (*Driver)(nil)
+	_ backend.Drifter        = (*Driver)(nil)
+	_ backend.BatchRefresher = (*Driver)(nil)
 )
 
 // New checks opts and returns a Locker over the independent masters nodes
@@ -147,58 +149,37 @@ func NewDriver(ctx context.Context, nodes []goredis.UniversalClient, opts *Optio
 		nodeTimeout: o.NodeTimeout,
 	}
 	d.newHubs()
-	d.fanout(ctx, d.nodeTimeout*4, func(ctx context.Context, c goredis.UniversalClient) reply {
-		for _, s := range redisscript.All {
-			if err := s.Load(ctx, c).Err(); err != nil {
-				return reply{err: err}
-			}
-		}
-		return reply{}
-	})
+	for i, c := range d.nodes {
+		d.disp = append(d.disp, newDispatcher(i, c))
+	}
+	d.loadScripts(ctx, d.nodeTimeout*4)
 	return d, nil
 }
 
-// reply is one node's answer in a fan-out.
-type reply struct {
-	n     int64
-	clock int64 // acquire: the node's clock (µs) when it granted, 0 if unknown
-	err   error
-}
-
-// fanout runs f on every node in parallel, each bounded by timeout, and
-// returns their replies in node order once all have answered or the timeout
-// has passed (a node that has not answered by then counts as failed, even
-// if its client ignores context deadlines): an attempt costs the slowest
-// round trip, not their sum.
-func (d *Driver) fanout(ctx context.Context, timeout time.Duration, f func(context.Context, goredis.UniversalClient) reply) []reply {
+// loadScripts loads the scripts on every node in parallel, waiting at most
+// timeout; a node that has not got them by then gets them on first use
+// (EVALSHA falls back to EVAL).
+func (d *Driver) loadScripts(ctx context.Context, timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	type indexed struct {
-		i int
-		reply
-	}
-	ch := make(chan indexed, len(d.nodes))
-	for i, c := range d.nodes {
-		d.bg.Go(func() { // Close waits for calls still on their way
-			ch <- indexed{i, f(ctx, c)}
-		})
-	}
-	out := make([]reply, len(d.nodes))
-	answered := make([]bool, len(d.nodes))
-	for range d.nodes {
-		select {
-		case r := <-ch:
-			out[r.i], answered[r.i] = r.reply, true
-		case <-ctx.Done():
-			for i := range out {
-				if !answered[i] {
-					out[i] = reply{err: fmt.Errorf("no answer before the attempt ended (per-node timeout %v): %w", timeout, ctx.Err())}
+	done := make(chan struct{}, len(d.nodes))
+	for _, c := range d.nodes {
+		d.bg.Go(func() { // Close waits for loads still on their way
+			for _, s := range redisscript.All {
+				if s.Load(ctx, c).Err() != nil {
+					break
 				}
 			}
-			return out
+			done <- struct{}{}
+		})
+	}
+	for range d.nodes {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return
 		}
 	}
-	return out
 }
 
 // DriftFactor reports the drift factor, so that the Locker's deadlines
@@ -264,7 +245,10 @@ func (d *Driver) As(target any) bool {
 }
 
 // Close closes the pub/sub connections of Watch (waking the watchers that
-// remain), waits for token write-backs in flight, and closes the clients if
+// remain), waits for the calls still on their way (the clean-ups of
+// attempts and releases that returned before every node answered, token
+// write-backs; each bounded by its per-node timeout), stops the per-node
+// workers, and closes the clients if
 // the driver built them from a URL. With a frozen node, the closing of its
 // pub/sub connection is waited for at most 2s; it ends in the background.
 func (d *Driver) Close() error {
@@ -273,6 +257,10 @@ func (d *Driver) Close() error {
 		d.closeWatches()
 		d.bg.Close()
 		d.bg.Wait()
+		d.calls.Wait() // clean-ups and write-backs, each bounded by its deadline
+		for _, p := range d.disp {
+			p.close()
+		}
 		if d.ownsClients {
 			for _, c := range d.nodes {
 				errs = append(errs, c.Close())
@@ -289,210 +277,4 @@ func newValue() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
-}
-
-// TryAcquire is one round of the Redlock algorithm: SET NX PX (with a token
-// from each node's counter, acquire.lua) on all nodes in parallel; the lock
-// is ours with a majority and validity left (TTL − elapsed − drift > 0).
-// The token is the largest of the majority's; Release raises the nodes'
-// counters to it, and a granting node whose clock would not pass it before
-// the lock can expire there gets it written back at once, in the
-// background. Otherwise the lock is released on all nodes, those that
-// seemed to fail included.
-func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
-	ms := ttl.Milliseconds()
-	l := &lease{d: d, keys: d.keys(key), value: newValue(), ttl: time.Duration(ms) * time.Millisecond}
-	start := time.Now()
-	replies := d.fanout(ctx, d.nodeTimeoutFor(ttl), func(ctx context.Context, c goredis.UniversalClient) reply {
-		// "clock": the grant's reply carries the node's clock too.
-		return acquireReply(redisscript.Acquire.Run(ctx, c, l.keys, l.value, ms, "clock").Result())
-	})
-	elapsed := time.Since(start)
-	var (
-		granted, held, failed int
-		token                 int64
-		retryAfter            time.Duration
-		lastErr               error
-	)
-	for _, r := range replies {
-		switch {
-		case r.err != nil:
-			failed++
-			lastErr = r.err
-		case r.n > 0:
-			granted++
-			token = max(token, r.n)
-		default:
-			held++
-			if pttl := time.Duration(max(-2-r.n, 0)) * time.Millisecond; pttl > retryAfter {
-				retryAfter = pttl
-			}
-		}
-	}
-	validity := l.ttl - elapsed - d.driftFor(l.ttl)
-	if granted < d.quorum && ctx.Err() != nil {
-		// The caller gave up: that is no failure of the nodes.
-		l.releaseAll(ctx)
-		return nil, fmt.Errorf("%w: %w", backend.ErrNotAcquired, ctx.Err())
-	}
-	if granted >= d.quorum && validity > 0 {
-		l.token = uint64(token)
-		l.granted = granted
-		// The nodes learn the token when the lease is released: the
-		// release script raises their counters to it in the script that
-		// deletes the lock, at no extra round trip. A lease that expires
-		// unreleased needs no write-back to a node whose clock passes
-		// the token before the lock key can expire there: a later grant
-		// there issues at least that clock. (Refresh, which can move the
-		// expiry earlier, raises the counters in its script.) The other granting nodes (a
-		// clock behind the token by about the TTL or more, or a grant of
-		// unknown clock) get the token written back now, in the
-		// background: the next grant comes only after this lease ends;
-		// by then it has landed (or failed: the documented best-effort
-		// case).
-		passes := (l.ttl - d.driftFor(l.ttl)).Microseconds()
-		behind := map[goredis.UniversalClient]bool{}
-		for i, r := range replies {
-			if r.err == nil && r.n > 0 && r.n < token && token-r.clock >= passes {
-				behind[d.nodes[i]] = true
-			}
-		}
-		if len(behind) > 0 {
-			t := strconv.FormatInt(token, 10)
-			d.bg.Go(func() {
-				d.fanout(context.WithoutCancel(ctx), cleanupTimeout, func(ctx context.Context, c goredis.UniversalClient) reply {
-					if !behind[c] {
-						return reply{}
-					}
-					n, err := redisscript.Raise.Run(ctx, c, l.keys[1:], t).Int64()
-					return reply{n: n, err: err}
-				})
-			})
-		}
-		return l, nil
-	}
-	l.releaseAll(ctx)
-	switch {
-	case granted >= d.quorum:
-		return nil, fmt.Errorf("%w: redlock: a majority granted, but after %v nothing was left of the %v TTL; lock released", backend.ErrUnavailable, elapsed.Round(time.Millisecond), l.ttl)
-	case failed > len(d.nodes)-d.quorum:
-		// Too few nodes answered to tell.
-		return nil, fmt.Errorf("%w: redlock: %d of %d nodes did not answer (%d needed): %w", backend.ErrUnavailable, failed, len(d.nodes), d.quorum, lastErr)
-	}
-	return nil, &backend.HeldError{RetryAfter: retryAfter}
-}
-
-// acquireReply reads a node's reply to acquire.lua run with the clock
-// argument: {token, clock} (decimal strings) for a grant, a negative
-// integer when the lock is held.
-func acquireReply(v any, err error) reply {
-	if err != nil {
-		return reply{err: err}
-	}
-	switch v := v.(type) {
-	case int64:
-		if v < 0 {
-			return reply{n: v}
-		}
-	case []any:
-		if len(v) == 2 {
-			t, _ := v[0].(string)
-			c, _ := v[1].(string)
-			n, err1 := strconv.ParseInt(t, 10, 64)
-			clock, err2 := strconv.ParseInt(c, 10, 64)
-			if err1 == nil && err2 == nil && n > 0 {
-				return reply{n: n, clock: clock}
-			}
-		}
-	}
-	return reply{err: fmt.Errorf("redlock: unexpected reply from the acquire script: %v", v)}
-}
-
-// lease is a grant on a majority.
-type lease struct {
-	d       *Driver
-	keys    []string // lock key, counter key
-	value   string
-	token   uint64
-	ttl     time.Duration
-	granted int
-}
-
-func (l *lease) Token() uint64      { return l.token }
-func (l *lease) TTL() time.Duration { return l.ttl }
-
-// Refresh extends the lock on all nodes (compare-and-PEXPIRE, never SET: a
-// lapsed lock is not revived); it counts only with a majority, answered
-// within the asked TTL less the drift. The same script raises each node's
-// counter to the token: a shorter TTL moves the lock key's expiry earlier
-// than the grant's, before the clock of a node whose write-back was
-// skipped may have passed the token.
-func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
-	ms := ttl.Milliseconds()
-	start := time.Now()
-	token := strconv.FormatUint(l.token, 10)
-	replies := l.d.fanout(ctx, l.d.nodeTimeoutFor(ttl), func(ctx context.Context, c goredis.UniversalClient) reply {
-		n, err := redisscript.Refresh.Run(ctx, c, l.keys, l.value, ms, token).Int64()
-		return reply{n: n, err: err}
-	})
-	ok, notOurs, lastErr := count(replies)
-	switch {
-	case ok >= l.d.quorum && time.Since(start) < time.Duration(ms)*time.Millisecond-l.d.driftFor(ttl):
-		l.ttl = time.Duration(ms) * time.Millisecond
-		return l.ttl, nil
-	case notOurs > len(l.d.nodes)-l.d.quorum:
-		if ok > 0 {
-			l.releaseAll(ctx) // the minority just extended must not block its nodes
-		}
-		return 0, fmt.Errorf("%w: redlock: the lock is no longer ours on %d of %d nodes", backend.ErrNotHeld, notOurs, len(l.d.nodes))
-	}
-	return 0, fmt.Errorf("%w: redlock: refresh confirmed on %d of %d nodes (%d needed): %v", backend.ErrUnavailable, ok, len(l.d.nodes), l.d.quorum, lastErr)
-}
-
-// Release deletes the lock on all nodes where it is still ours, raising
-// each node's counter to the token in the same script (so that no later
-// grant on a node can be issued before it knows this token). It succeeds
-// only if the lock was ours on a majority; if a majority says it was not,
-// the lease had been lost (ErrNotHeld) even where a minority still held it.
-func (l *lease) Release(ctx context.Context) error {
-	replies := l.releaseAll(ctx)
-	ok, notOurs, lastErr := count(replies)
-	switch {
-	case ok >= l.d.quorum:
-		return nil
-	case notOurs > len(l.d.nodes)-l.d.quorum:
-		return fmt.Errorf("%w: redlock: the lock was not ours on %d of %d nodes", backend.ErrNotHeld, notOurs, len(l.d.nodes))
-	}
-	return fmt.Errorf("%w: redlock: released on %d of %d nodes: %v", backend.ErrUnavailable, ok, len(l.d.nodes), lastErr)
-}
-
-// releaseAll runs the compare-and-delete on every node, bounded in time even
-// if ctx has ended; with a token (a granted lease), the same script raises
-// the node's counter to it.
-func (l *lease) releaseAll(ctx context.Context) []reply {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	keys, args := l.keys[:1], []any{l.value}
-	if l.token > 0 {
-		keys, args = l.keys, []any{l.value, strconv.FormatUint(l.token, 10)}
-	}
-	return l.d.fanout(ctx, max(l.d.nodeTimeout, 100*time.Millisecond), func(ctx context.Context, c goredis.UniversalClient) reply {
-		n, err := redisscript.Release.Run(ctx, c, keys, args...).Int64()
-		return reply{n: n, err: err}
-	})
-}
-
-// count tallies compare-and-X replies: 1 (done), 0 (not ours), errors.
-func count(replies []reply) (ok, notOurs int, lastErr error) {
-	for _, r := range replies {
-		switch {
-		case r.err != nil:
-			lastErr = r.err
-		case r.n == 1:
-			ok++
-		default:
-			notOurs++
-		}
-	}
-	return ok, notOurs, lastErr
 }
