@@ -109,4 +109,9 @@ func TestConformanceCluster(t *testing.T) {
 	conformance.Run(t, func(ctx context.Context, t *testing.T) (conformance.Harness, error) {
 		return &harness{admin: goredis.NewClient(&goredis.Options{Addr: addr}), newClient: newClient}, nil
 	})
+	t.Run("RefreshBatch", func(t *testing.T) {
+		c, admin := newClient(), goredis.NewClient(&goredis.Options{Addr: addr})
+		t.Cleanup(func() { _ = c.Close(); _ = admin.Close() })
+		testRefreshBatch(t, c, admin, 49) // one script per lease
+	})
 }

@@ -21,9 +21,10 @@ import (
 
 // The scripts (internal/redisscript, shared with the redlock backend).
 var (
-	acquireScript = redisscript.Acquire
-	releaseScript = redisscript.Release
-	refreshScript = redisscript.Refresh
+	acquireScript     = redisscript.Acquire
+	releaseScript     = redisscript.Release
+	refreshScript     = redisscript.Refresh
+	refreshManyScript = redisscript.RefreshMany
 )
 
 // Suffixes of the keys and channel that belong to one lock key.
@@ -275,7 +276,7 @@ func (d *Driver) start(ctx context.Context) error {
 	if err := d.checkEviction(ctx); err != nil {
 		return err
 	}
-	for _, s := range []*goredis.Script{acquireScript, releaseScript, refreshScript} {
+	for _, s := range []*goredis.Script{acquireScript, releaseScript, refreshScript, refreshManyScript} {
 		if err := s.Load(ctx, d.client).Err(); err != nil {
 			return fmt.Errorf("%w: redis: loading scripts: %w", backend.ErrUnavailable, err)
 		}

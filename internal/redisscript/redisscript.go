@@ -17,6 +17,8 @@ var (
 	releaseSrc string
 	//go:embed refresh.lua
 	refreshSrc string
+	//go:embed refreshmany.lua
+	refreshManySrc string
 	//go:embed raise.lua
 	raiseSrc string
 	//go:embed below.lua
@@ -35,6 +37,10 @@ var (
 	Refresh = goredis.NewScript(belowSrc + refreshSrc)
 	// Raise raises a fencing counter to at least a value, exactly (raise.lua).
 	Raise = goredis.NewScript(belowSrc + raiseSrc)
+	// RefreshMany extends many locks' TTLs, each if it is ours, in one
+	// script (refreshmany.lua; one hash slot on a Cluster). Not in All:
+	// the redlock backend does not use it.
+	RefreshMany = goredis.NewScript(refreshManySrc)
 )
 
 // All lists the scripts, for loading them.
