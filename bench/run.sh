@@ -7,6 +7,8 @@
 #                                # scale workloads shrunk by
 #                                # DLOCK_BENCH_SMALL=1), no tables: catches
 #                                # a broken harness
+#   bench/run.sh --tables RAW    # only the tables, from the raw output RAW
+#                                # of earlier runs (several concatenated)
 #
 # Knobs (environment): COUNT (passes, default 6), BENCHTIME (default 1s; keep it a
 # duration: the scale workloads run once per iteration and skip themselves
@@ -25,14 +27,16 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 
-smoke=false
-if [ "${1:-}" = "--smoke" ]; then
-	smoke=true
-	shift
-fi
+smoke=false tables_only=""
+case "${1:-}" in
+--smoke) smoke=true ;;
+--tables) tables_only="${2:?--tables needs the raw output file}" ;;
+esac
 
-env=$("$root/scripts/test.sh" --setup-only)
-eval "$env"
+if [ -z "$tables_only" ]; then
+	env=$("$root/scripts/test.sh" --setup-only)
+	eval "$env"
+fi
 
 cd "$here"
 if $smoke; then
@@ -57,18 +61,26 @@ fi
 # and every library of a backend runs on the same ones.
 bin="$(mktemp -d)"
 trap 'rm -rf "$bin"' EXIT
-go test -c -o "$bin/bench.test" .
-start=$(date +%s)
-: >"$out/raw.txt"
-for pass in $(seq "$count"); do
-	echo "==> pass $pass of $count: -test.bench '$bench' -test.benchtime $benchtime (raw output: $out/raw.txt)" >&2
-	DLOCK_TEST_RUN="${DLOCK_TEST_RUN:-dlock-peers-$$}" "$bin/bench.test" -test.run '^$' -test.bench "$bench" \
-		-test.benchtime "$benchtime" -test.count 1 -test.timeout 0 >>"$out/raw.txt" 2>>"$out/stderr.txt" || {
-		tail -50 "$out/raw.txt" "$out/stderr.txt" >&2
-		exit 1
-	}
-done
-echo "==> took $(($(date +%s) - start))s" >&2
+failed=0
+if [ -n "$tables_only" ]; then
+	[ "$tables_only" -ef "$out/raw.txt" ] || cp "$tables_only" "$out/raw.txt"
+else
+	go test -c -o "$bin/bench.test" .
+	start=$(date +%s)
+	: >"$out/raw.txt"
+	for pass in $(seq "$count"); do
+		echo "==> pass $pass of $count: -test.bench '$bench' -test.benchtime $benchtime (raw output: $out/raw.txt)" >&2
+		# A failed benchmark fails its pass; the other passes still run
+		# and the tables are still printed, from what was measured.
+		DLOCK_TEST_RUN="${DLOCK_TEST_RUN:-dlock-peers-$$}" "$bin/bench.test" -test.run '^$' -test.bench "$bench" \
+			-test.benchtime "$benchtime" -test.count 1 -test.timeout 0 >>"$out/raw.txt" 2>>"$out/stderr.txt" || {
+			failed=$((failed + 1))
+			echo "==> pass $pass FAILED:" >&2
+			grep -A3 -E '^(--- FAIL|panic)' "$out/raw.txt" | tail -n 20 >&2 || true
+		}
+	done
+	echo "==> took $(($(date +%s) - start))s" >&2
+fi
 
 # Keep only benchmark lines and the header lines benchstat needs (the
 # servers' start-up log goes to stderr, but be safe).
@@ -97,7 +109,7 @@ ratios() {
 }
 
 {
-	echo "### dlock ÷ peer, medians of $count runs (cycles/s: above 1 is dlock faster; wait and spread: dlock / peer)"
+	echo "### dlock ÷ peer, benchstat medians (cycles/s: above 1 is dlock faster; wait and spread: dlock / peer)"
 	echo
 	echo "| backend / peer | W=1 cycles/s | W=16 cycles/s | contended cycles/s | wait p50 ms | wait p99 ms | spread |"
 	echo "|---|---|---|---|---|---|---|"
@@ -113,3 +125,7 @@ ratios() {
 	benchstat -filter '.name:(ScaleLeases OR ScaleWaiters)' "$out/bench.txt"
 } | tee "$out/tables.txt"
 echo "==> raw output and tables in $out" >&2
+if [ "$failed" -gt 0 ]; then
+	echo "==> $failed of $count passes had a failed benchmark (see $out/raw.txt)" >&2
+	exit 1
+fi

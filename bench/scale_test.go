@@ -315,7 +315,8 @@ func firstOf(a, b error) error {
 // connections the servers saw (sampled every 50 ms; Redis, ZooKeeper)
 // less those before the Lockers; goroutines before the Lockers, at the
 // peak, and after the Lockers and their clients are closed; errors,
-// waiters whose Acquire failed (a 3-minute bound).
+// waiters whose Acquire or Release failed (a 3-minute bound), plus one if
+// the holder's Release failed.
 func BenchmarkScaleWaiters(b *testing.B) {
 	for _, be := range scaleBackends {
 		b.Run("backend="+be.name, func(b *testing.B) {
@@ -403,7 +404,9 @@ func waiters(b *testing.B, open func(testing.TB) *dlock.Locker, stats func(conte
 	s1 := mustStats(b, stats)
 	t1 := time.Now()
 	if err := holder.Release(ctx); err != nil {
-		b.Fatal(err)
+		// The waiters are then served when the holder's lease expires.
+		failed.Add(1)
+		b.Logf("the holder's release failed (the waiters wait for its TTL): %v", err)
 	}
 	done.Wait()
 	drain := time.Since(t1)
