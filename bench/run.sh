@@ -89,29 +89,38 @@ grep -E '^(Benchmark|goos:|goarch:|pkg:|cpu:)' "$out/raw.txt" >"$out/bench.txt"
 pairs="redis:raw redis:redislock redis:redsync redlock:redsync etcd:mutex-reused etcd:mutex-session zookeeper:zklock"
 
 # ratios BACKEND PEER: one Markdown row, dlock ÷ peer of the benchstat
-# medians (cycles/s at W=1 and W=16 and under contention; the handoff wait
-# p50 and p99 side by side; spread side by side), "~" after a ratio that
-# benchstat does not call significant (alpha 0.05).
+# medians (cycles/s at W=1 and W=16, handoffs/s under contention; the
+# handoff wait p50 and p99 side by side, dlock / peer; spread side by
+# side), "~" after a ratio that benchstat does not call significant
+# (alpha 0.05).
 ratios() {
 	benchstat -format csv -filter "/backend:$1 /lib:($2 OR dlock)" -col "/lib@($2 dlock)" "$out/bench.txt" 2>/dev/null |
 		awk -F, -v pair="$1 / $2" '
 		BEGIN { w1 = w16 = ho = p50 = p99 = sp = "n/a" }
 		function r(a, b, sig) { if (a == "" || b == "" || a + 0 == 0) return "n/a"; return sprintf("%.2f%s", b / a, sig == "~" ? " ~" : "") }
 		function v(x) { return x == "" ? "n/a" : sprintf("%.3g", x) }
-		/^,[^,]*,CI,/ { unit = $2; next }
-		unit == "cycles/s" && $1 ~ /^Cycle\/.*\/w=1(-[0-9]+)?$/ { w1 = r($2, $4, $6) }
-		unit == "cycles/s" && $1 ~ /^Cycle\/.*\/w=16(-[0-9]+)?$/ { w16 = r($2, $4, $6) }
-		unit == "cycles/s" && $1 ~ /^Handoff\// { ho = r($2, $4, $6) }
-		unit == "p50-ms" && $1 ~ /^Handoff\// { p50 = v($4) " / " v($2) }
-		unit == "p99-ms" && $1 ~ /^Handoff\// { p99 = v($4) " / " v($2) }
-		unit == "spread" && $1 ~ /^Handoff\// { sp = v($4) " / " v($2) }
+		# A table: a line naming the columns (one library when only one
+		# has the unit), then the unit line, then the rows.
+		/^,/ && !/,CI/ { only = ($3 == "" && $4 == "") ? $2 : ""; next }
+		/^,[^,]*,CI/ { unit = $2; next }
+		{
+			if (only == "dlock") { p = ""; d = $2; sig = "" }
+			else if (only != "") { p = $2; d = ""; sig = "" }
+			else { p = $2; d = $4; sig = $6 }
+		}
+		unit == "cycles/s" && $1 ~ /^Cycle\/.*\/w=1(-[0-9]+)?$/ { w1 = r(p, d, sig) }
+		unit == "cycles/s" && $1 ~ /^Cycle\/.*\/w=16(-[0-9]+)?$/ { w16 = r(p, d, sig) }
+		unit == "handoffs/s" && $1 ~ /^Handoff\// { ho = r(p, d, sig) }
+		unit == "p50-ms" && $1 ~ /^Handoff\// { p50 = v(d) " / " v(p) }
+		unit == "p99-ms" && $1 ~ /^Handoff\// { p99 = v(d) " / " v(p) }
+		unit == "spread" && $1 ~ /^Handoff\// { sp = v(d) " / " v(p) }
 		END { printf "| %s | %s | %s | %s | %s | %s | %s |\n", pair, w1, w16, ho, p50, p99, sp }'
 }
 
 {
 	echo "### dlock ÷ peer, benchstat medians (cycles/s: above 1 is dlock faster; wait and spread: dlock / peer)"
 	echo
-	echo "| backend / peer | W=1 cycles/s | W=16 cycles/s | contended cycles/s | wait p50 ms | wait p99 ms | spread |"
+	echo "| backend / peer | W=1 cycles/s | W=16 cycles/s | contended handoffs/s | wait p50 ms | wait p99 ms | spread |"
 	echo "|---|---|---|---|---|---|---|"
 	for pair in $pairs; do ratios "${pair%%:*}" "${pair#*:}"; done
 	echo

@@ -58,12 +58,15 @@ func runCycles(b *testing.B, w int, mk func(i int) func() error) {
 
 // runHandoff runs b.N lock cycles with hold 0 among len(locks) goroutines
 // contending for one key, each with its own LockFunc (its own client, as
-// separate processes would have). It reports cycles/s; p50-ms and p99-ms of
-// the handoff wait (from a holder's release returning to the next acquire
-// returning in another goroutine: what a queued process waits beyond the
-// holder's critical section); and spread, the most acquisitions any one
-// goroutine had divided by the fewest (+Inf when one had none), reported
-// when b.N gives each goroutine 10 turns on average.
+// separate processes would have). It reports cycles/s (every cycle, also
+// a worker taking the lock again right after its own release);
+// handoffs/s, the cycles whose acquire followed another worker's release;
+// p50-ms and p99-ms of the handoff wait (from a holder's release returning
+// to the next acquire returning in another goroutine: what a queued
+// process waits beyond the holder's critical section); and spread, the
+// most acquisitions any one goroutine had divided by the fewest (+Inf when
+// one had none), reported when b.N gives each goroutine 10 turns on
+// average.
 func runHandoff(b *testing.B, locks []lockFunc) {
 	var (
 		remaining atomic.Int64
@@ -107,6 +110,7 @@ func runHandoff(b *testing.B, locks []lockFunc) {
 	elapsed := time.Since(origin)
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "cycles/s")
+	b.ReportMetric(float64(len(waits))/elapsed.Seconds(), "handoffs/s")
 	if len(waits) > 0 {
 		slices.Sort(waits)
 		b.ReportMetric(ms(quantile(waits, 0.50)), "p50-ms")
