@@ -29,9 +29,11 @@ var rawRelease = goredis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] the
 //	locker  dlock.Locker.TryAcquire + Lease.Release (validation, lease
 //	        bookkeeping and loss tracking on top of the driver)
 //
-// pN runs N goroutines (b.SetParallelism(N/GOMAXPROCS)).
+// w=N runs N goroutines (b.SetParallelism(N/GOMAXPROCS)). The names are
+// in benchstat's key=value form, so the ratios come out of one command:
 //
 //	make bench ARGS='-bench Cycle -count 6 ./redis/' | tee /tmp/bench.txt
+//	benchstat -col /lib /tmp/bench.txt
 func BenchmarkCycle(b *testing.B) {
 	c := serverClient(b)
 	ctx := b.Context()
@@ -85,7 +87,7 @@ func BenchmarkCycle(b *testing.B) {
 	}
 	for _, cy := range cycles {
 		for _, p := range []int{1, 16} {
-			b.Run(fmt.Sprintf("%s/p%d", cy.name, p), func(b *testing.B) {
+			b.Run(fmt.Sprintf("lib=%s/w=%d", cy.name, p), func(b *testing.B) {
 				defer cpuMetrics(b, c)()
 				if p == 1 {
 					cycle := cy.cycle(newKey())

@@ -53,7 +53,11 @@
 //     what a plain compare-and-delete costs. A waiter subscribes before the
 //     attempt that marks, so no release it waits for goes unpublished.
 //   - Refresh is compare-and-PEXPIRE (refresh.lua); it never re-creates a
-//     key that is gone.
+//     key that is gone. The Locker's watchdog refreshes the auto-refreshed
+//     leases that come due together through [Driver.RefreshBatch]
+//     ([backend.BatchRefresher]): one round trip per batch, one script
+//     (refreshmany.lua) per 1,000 leases on a single primary, one
+//     refresh.lua per lease in one pipeline on a Cluster.
 //   - Waiting ([backend.Waiter]) uses one pub/sub connection per Driver,
 //     shared by all keys being waited on in this process.
 //

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -131,7 +132,7 @@ type Options struct {
 }
 
 // Driver is the Redis [backend.Driver]. It also implements
-// [backend.Waiter]. Most programs use [New], which wraps a Driver in a
+// [backend.Waiter] and [backend.BatchRefresher]. Most programs use [New], which wraps a Driver in a
 // *dlock.Locker; NewDriver is for wrapping the driver yourself and for tests.
 //
 // A Driver is safe for concurrent use.
@@ -146,6 +147,7 @@ type Driver struct {
 	// retention is FenceRetention in whole milliseconds (rounded up); 0
 	// means counters never expire.
 	retention int64
+	lastTTL   atomic.Pointer[boxedTTL] // see ttlArgs
 
 	evictionCheck EvictionCheck
 
@@ -485,12 +487,13 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 	l := &lease{d: d, keys: [2]string{lk, fk}, ttl: time.Duration(ms) * time.Millisecond}
 	// The script arguments live in the lease, boxed once: the value is
 	// sent again by Release and Refresh.
-	l.args = [4]any{newValue(), ms}
+	ta := d.ttlArgs(ms)
+	l.args = [4]any{newValue(), ta.ms}
 	args := l.args[:2]
 	if d.retention > 0 {
 		// No clock in the reply; the counter's TTL when the token is
 		// the clock.
-		l.args[2], l.args[3] = "", ms+d.retention
+		l.args[2], l.args[3] = "", ta.counter
 		args = l.args[:4]
 	}
 	var (
@@ -517,6 +520,24 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 	}
 	l.token = uint64(res)
 	return l, nil
+}
+
+// boxedTTL holds a TTL's script arguments, boxed once: the TTL in ms and
+// the counter's TTL (the TTL + the retention).
+type boxedTTL struct {
+	n           int64
+	ms, counter any
+}
+
+// ttlArgs returns the boxed arguments for a TTL of ms milliseconds, from
+// the last TTL's if it is the same (saving two allocations per acquire).
+func (d *Driver) ttlArgs(ms int64) *boxedTTL {
+	if b := d.lastTTL.Load(); b != nil && b.n == ms {
+		return b
+	}
+	b := &boxedTTL{n: ms, ms: ms, counter: ms + d.retention}
+	d.lastTTL.Store(b)
+	return b
 }
 
 // acquireWait sends acquire.lua and WAIT in one pipeline (one connection,
