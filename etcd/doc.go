@@ -108,15 +108,18 @@
 // margin.
 //
 // Keepalives (of queued waiters, of Refresh, of pooled leases at their
-// reuse) all go on one LeaseKeepAlive stream per Driver; one left
-// unanswered past its deadline drops the stream, and the next keepalive
+// reuse, of RefreshBatch) go on the Driver's four LeaseKeepAlive streams,
+// each call's keepalives on one stream (the server answers one stream's
+// requests one at a time). A stream that leaves a keepalive unanswered for
+// the request timeout, or past its caller's deadline while it has answered
+// nothing for a second, is dropped, and the next keepalive on its slot
 // opens another, which the client may send to another member.
 //
 // Refresh with the TTL the lease was granted with sends one keepalive and,
 // at the same time, checks in a read-only transaction that the key is still
 // ours on that lease. The Driver is also a backend.BatchRefresher:
 // RefreshBatch renews all the leases of one call with one keepalive each on
-// the stream, and reports a lease lost (ErrNotHeld) if its keepalive finds
+// one stream, and reports a lease lost (ErrNotHeld) if its keepalive finds
 // it gone or the prefix watch has seen its key deleted (while that watch is
 // down, it reads the keys instead). A key deleted behind our back while its
 // lease lives is thus reported within the watch's delay, not by the

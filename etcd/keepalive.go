@@ -13,20 +13,33 @@ import (
 	"github.com/dlock-go/dlock/backend"
 )
 
-// keeper sends the keepalives of a Driver's leases on one LeaseKeepAlive
-// stream (a keepalive is not a Raft write; the leader renews the lease in
-// memory). The server answers the requests of one stream in order, one
-// answer per request, so answers are matched to requests by lease ID, first
-// in first out. A stream that fails, or leaves a request unanswered past its
-// caller's deadline (a frozen member), is dropped: its unanswered requests
-// fail, and the next request opens a new stream, which the client may send
-// to another member.
+// keeper sends the keepalives of a Driver's leases on a few LeaseKeepAlive
+// streams (a keepalive is not a Raft write; the leader renews the lease in
+// memory), each call's requests all on one stream, the calls taking the
+// streams in turn. The server answers the requests of one stream in order,
+// one answer per request, so answers are matched to requests by lease ID,
+// first in first out. A stream that fails, that leaves a request
+// unanswered for the request timeout, or past its caller's deadline while
+// it has answered nothing for kaStuck (a frozen member), is dropped: its
+// unanswered requests fail, and the next request on its slot opens a new
+// stream, which the client may send to another member.
 type keeper struct {
 	d *Driver
 
-	mu  sync.Mutex
-	cur *kaStream
+	mu   sync.Mutex
+	cur  [kaStreams]*kaStream
+	next int // the slot of the next stream to use
 }
+
+// kaStreams is how many keepalive streams a Driver keeps: the server
+// answers the requests of one stream one at a time, so a few streams let it
+// renew the leases of concurrent batches and acquires in parallel.
+const kaStreams = 4
+
+// kaStuck is how long a stream may go without an answer, while a request
+// on it is unanswered past its caller's deadline, before it is dropped (its
+// member may be frozen). A stream that answers, only slowly, is kept.
+const kaStuck = time.Second
 
 // kaStream is one LeaseKeepAlive stream and its unanswered requests.
 type kaStream struct {
@@ -35,9 +48,10 @@ type kaStream struct {
 
 	sendMu sync.Mutex // serializes Send
 
-	mu      sync.Mutex
-	pending map[int64][]chan kaAnswer
-	err     error // set when the stream has ended
+	mu       sync.Mutex
+	pending  map[int64][]chan kaAnswer
+	err      error     // set when the stream has ended
+	lastRecv time.Time // when the stream was opened or last answered
 }
 
 // kaAnswer is the server's answer to one keepalive: the lease's TTL in
@@ -59,8 +73,10 @@ type renewal struct {
 func (k *keeper) stream(ctx context.Context) (*kaStream, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.cur != nil {
-		return k.cur, nil
+	slot := k.next
+	k.next = (k.next + 1) % kaStreams
+	if k.cur[slot] != nil {
+		return k.cur[slot], nil
 	}
 	sctx, cancel := context.WithCancel(clientv3.WithRequireLeader(k.d.ctx))
 	stop := context.AfterFunc(ctx, cancel)
@@ -75,12 +91,12 @@ func (k *keeper) stream(ctx context.Context) (*kaStream, error) {
 		cancel()
 		return nil, unavailable("opening a keepalive stream", clientv3.ContextError(ctx, err))
 	}
-	s := &kaStream{stream: st, cancel: cancel, pending: map[int64][]chan kaAnswer{}}
+	s := &kaStream{stream: st, cancel: cancel, pending: map[int64][]chan kaAnswer{}, lastRecv: time.Now()}
 	if !k.d.bg.Go(func() { k.recv(s) }) {
 		cancel()
 		return nil, fmt.Errorf("%w: etcd: the driver is closed", backend.ErrClosed)
 	}
-	k.cur = s
+	k.cur[slot] = s
 	return s, nil
 }
 
@@ -93,6 +109,7 @@ func (k *keeper) recv(s *kaStream) {
 			return
 		}
 		s.mu.Lock()
+		s.lastRecv = time.Now()
 		q := s.pending[resp.ID]
 		var ch chan kaAnswer
 		if len(q) > 0 {
@@ -115,8 +132,10 @@ func (k *keeper) recv(s *kaStream) {
 func (k *keeper) drop(s *kaStream, err error) {
 	s.cancel()
 	k.mu.Lock()
-	if k.cur == s {
-		k.cur = nil
+	for i := range k.cur {
+		if k.cur[i] == s {
+			k.cur[i] = nil
+		}
 	}
 	k.mu.Unlock()
 	s.mu.Lock()
@@ -131,6 +150,13 @@ func (k *keeper) drop(s *kaStream, err error) {
 			ch <- kaAnswer{err: err}
 		}
 	}
+}
+
+// stuck reports whether s has answered nothing for kaStuck.
+func (s *kaStream) stuck() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return time.Since(s.lastRecv) >= kaStuck
 }
 
 // errStreamStuck is why a stream whose answer did not come in time is
@@ -205,7 +231,7 @@ func (k *keeper) start(ctx context.Context, ids []clientv3.LeaseID) func() []ren
 					out[i].err = fmt.Errorf("%w: etcd: renewing the lease: no answer within the request timeout (%v)", backend.ErrUnavailable, k.d.timeout)
 					continue
 				}
-				if ctxDeadline(ctx) {
+				if ctxDeadline(ctx) && s.stuck() {
 					k.drop(s, errStreamStuck)
 				}
 				out[i].err = unavailable("renewing the lease", ctx.Err())

@@ -105,8 +105,8 @@ func (l *lease) owned() []clientv3.Cmp {
 }
 
 // Refresh renews the lease. etcd cannot change a lease's TTL: for the TTL
-// the lease was granted with, Refresh sends one keepalive (on the Driver's
-// keepalive stream) and, at the same time, checks in a read-only
+// the lease was granted with, Refresh sends one keepalive (on one of the
+// Driver's keepalive streams) and, at the same time, checks in a read-only
 // transaction that the key is still ours on that lease; for another TTL,
 // it grants a new lease and moves our key onto it in a transaction that
 // checks we still own the key (the key keeps its create revision, so the
@@ -282,8 +282,8 @@ func (l *lease) Release(ctx context.Context) error {
 }
 
 // RefreshBatch implements backend.BatchRefresher. The requests that keep
-// their lease's TTL are renewed together: one keepalive each, all on the
-// Driver's one keepalive stream (no Raft write), each lease's new expiry
+// their lease's TTL are renewed together: one keepalive each, all on one of
+// the Driver's keepalive streams (no Raft write), each lease's new expiry
 // counted from the moment its keepalive was sent. A lease whose keepalive
 // finds it gone fails with ErrNotHeld, and so does one whose key the
 // Driver's prefix watch has seen deleted; while that watch is not in force
