@@ -117,6 +117,42 @@ ratios() {
 		END { printf "| %s | %s | %s | %s | %s | %s | %s |\n", pair, w1, w16, ho, p50, p99, sp }'
 }
 
+# scale NAME "UNITS" "MAXUNITS": a Markdown table of Benchmark NAME's
+# runs, one row per sub-benchmark, the median of each unit over the runs
+# (and the maximum too for MAXUNITS), read from the raw lines.
+scale() {
+	grep -E "^Benchmark$1/" "$out/bench.txt" | awk -v units="$2" -v maxunits="$3" '
+	function f(x) { return x >= 1000 || x <= -1000 ? sprintf("%.0f", x) : sprintf("%.4g", x) }
+	function med(k, n, a, i, j, t) {
+		n = cnt[k]
+		for (i = 1; i <= n; i++) a[i] = val[k, i]
+		for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+		return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+	}
+	{
+		name = $1; sub(/^Benchmark[^\/]*\//, "", name); sub(/-[0-9]+$/, "", name)
+		if (!(name in seen)) { seen[name] = 1; order[++rows] = name }
+		runs[name]++
+		for (i = 3; i < NF; i += 2) { k = name SUBSEP $(i + 1); val[k, ++cnt[k]] = $i; if (!(k in mx) || $i > mx[k]) mx[k] = $i }
+	}
+	END {
+		nu = split(units, u, " "); split(maxunits, m, " "); for (i in m) ismax[m[i]] = 1
+		printf "| sub-benchmark | runs |"; for (i = 1; i <= nu; i++) printf " %s |", u[i]; print ""
+		printf "|---|---|"; for (i = 1; i <= nu; i++) printf "---|"; print ""
+		for (r = 1; r <= rows; r++) {
+			name = order[r]; printf "| %s | %d |", name, runs[name]
+			for (i = 1; i <= nu; i++) {
+				k = name SUBSEP u[i]
+				if (!(k in cnt)) { printf " n/a |"; continue }
+				printf " %s", f(med(k))
+				if (u[i] in ismax) printf " [%s]", f(mx[k])
+				printf " |"
+			}
+			print ""
+		}
+	}'
+}
+
 {
 	echo "### dlock ÷ peer, benchstat medians (cycles/s: above 1 is dlock faster; wait and spread: dlock / peer)"
 	echo
@@ -130,7 +166,12 @@ ratios() {
 		benchstat -filter "/backend:$be /lib:($peer OR dlock)" -col "/lib@($peer dlock)" "$out/bench.txt"
 		echo
 	done
-	echo "### scale workloads (dlock only)"
+	echo "### scale workloads (dlock only; medians, [max] where a run going wrong matters)"
+	echo
+	scale ScaleLeases "lost acquire-errors goroutines-before goroutines-held goroutines-after cli-cpu-% rss-MB srv-ops/s srv-writes/s acquire-s" "lost acquire-errors"
+	echo
+	scale ScaleWaiters "cmds/acq queue-cmds/waiter drain-s conns-peak goroutines-before goroutines-peak goroutines-after errors" "errors"
+	echo
 	benchstat -filter '.name:(ScaleLeases OR ScaleWaiters)' "$out/bench.txt"
 } | tee "$out/tables.txt"
 echo "==> raw output and tables in $out" >&2
