@@ -56,9 +56,19 @@ type wdEntry struct {
 
 // wdBatch is a batch of refreshes in flight.
 type wdBatch struct {
-	ctx    context.Context
-	cancel context.CancelFunc
+	ctx     context.Context
+	cancel  context.CancelFunc
+	started time.Time
+	// patience is how long a Release of one of its leases waits for the
+	// batch before cancelling it: half the shortest refresh interval in
+	// it, at most maxPatience.
+	patience time.Duration
+	timer    *time.Timer // cancels the batch when a Release's patience runs out
 }
+
+// maxPatience bounds how long a Release waits behind a batch of background
+// refreshes with its lease in it, before it cancels the batch.
+const maxPatience = time.Second
 
 // add schedules e's first refresh. l.mu is held and the Locker is open.
 func (w *watchdog) add(e *wdEntry) {
@@ -84,10 +94,12 @@ func (w *watchdog) wake() {
 	}
 }
 
-// stop takes e out of the watchdog: no refresh of it starts from now on,
-// and a batch in flight with it is cancelled (the others in that batch are
-// refreshed again at once), so that a Release does not wait behind a
-// refresh that hangs.
+// stop takes e out of the watchdog: no refresh of it starts from now on.
+// A batch in flight with e in it is cancelled once it has run for its
+// patience (the others in that batch are then refreshed again at once), so
+// that a Release waits behind a normal batch, not behind one that hangs.
+// (Cancelling at once would starve the other leases when many are released
+// one after another: every release would cancel the batch of the others.)
 func (w *watchdog) stop(e *wdEntry) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -98,8 +110,8 @@ func (w *watchdog) stop(e *wdEntry) {
 	if e.idx >= 0 {
 		heap.Remove(&w.q, e.idx)
 	}
-	if e.batch != nil {
-		e.batch.cancel()
+	if b := e.batch; b != nil && b.timer == nil {
+		b.timer = time.AfterFunc(b.patience-time.Since(b.started), b.cancel)
 	}
 }
 
@@ -150,10 +162,11 @@ func (w *watchdog) loop() {
 		}
 		var b *wdBatch
 		if len(batch) > 0 {
-			b = &wdBatch{}
+			b = &wdBatch{started: now, patience: maxPatience}
 			b.ctx, b.cancel = context.WithCancel(w.l.closing)
 			for _, e := range batch {
 				e.batch = b
+				b.patience = min(b.patience, e.interval/2)
 			}
 		}
 		w.mu.Unlock()
@@ -189,7 +202,14 @@ func (w *watchdog) loop() {
 
 // run refreshes one batch.
 func (w *watchdog) run(b *wdBatch, batch []*wdEntry) {
-	defer b.cancel()
+	defer func() {
+		w.mu.Lock()
+		if b.timer != nil {
+			b.timer.Stop()
+		}
+		w.mu.Unlock()
+		b.cancel()
+	}()
 	l := w.l
 	reqs := make([]backend.RefreshRequest, 0, len(batch))
 	entries := make([]*wdEntry, 0, len(batch))
@@ -238,8 +258,8 @@ func (w *watchdog) run(b *wdBatch, batch []*wdEntry) {
 		case errors.Is(err, ErrNotHeld) || l.closing.Err() != nil:
 			w.drop(e)
 		case b.ctx.Err() != nil:
-			// Cancelled because another lease in the batch is being
-			// released: try again at once.
+			// Cancelled by the Release of another lease in the batch,
+			// after its patience: try again at once.
 			w.requeue(e, time.Now())
 		default:
 			l.log.Warn("dlock: background refresh failed; retrying", "key", le.key, "err", err)
