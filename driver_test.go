@@ -622,7 +622,7 @@ func (l *lossLease) Release(ctx context.Context) error {
 }
 
 // A loss the backend reports while a Release hangs still ends the lease at
-// once: the Release does not silence the loss watcher. (Seen failing when
+// once: the Release does not silence the loss report. (Seen failing when
 // Release stopped the loss watcher with the watchdog: Err stayed nil and
 // Done open until the Release gave up.)
 func TestLossReportedDuringRelease(t *testing.T) {

@@ -23,8 +23,7 @@ type Lease struct {
 	token    Token
 	bl       backend.Lease
 	askedTTL time.Duration
-	stopLoss context.CancelFunc // ends the loss watcher; nil if there is none
-	wd       *wdEntry           // in the Locker's watchdog; nil without AutoRefresh
+	wd       *wdEntry // in the Locker's watchdog; nil without AutoRefresh
 
 	opMu     sync.Mutex // serializes Refresh and Release calls to bl
 	returned bool       // bl.Release succeeded or found the lock gone; under opMu
@@ -55,18 +54,12 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 		ttl:      bl.TTL(),
 	}
 	le.setDeadline(start.Add(le.ttl - l.margin(le.ttl)))
-	notifier, _ := bl.(lossChan)
-	callback, _ := bl.(backend.LossNotifier)
-	// The loss watcher runs until the lease ends: a loss the backend
-	// reports while a Release or Close is under way still ends the lease.
-	// The watchdog also stops when Release or Close begins: a refresh in
-	// flight gives way to the release rather than hold it up.
-	var lossCtx context.Context
-	if notifier != nil {
-		lossCtx, le.stopLoss = context.WithCancel(context.Background())
-	}
+	// A loss the backend reports (NotifyLoss) ends the lease, also while
+	// a Release or Close is under way. The watchdog stops when Release or
+	// Close begins.
+	notifier, _ := bl.(backend.LossNotifier)
 
-	// le.mu is held until the lease is set up: the goroutines can end it
+	// le.mu is held until the lease is set up: the watchdog can end it
 	// only then.
 	le.mu.Lock()
 	l.mu.Lock()
@@ -74,13 +67,6 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 	var expired *Lease
 	if !closed {
 		expired = l.link(le)
-		if notifier != nil {
-			l.bg.Add(1)
-			go func() {
-				defer l.bg.Done()
-				le.watchLoss(lossCtx, notifier)
-			}()
-		}
 		if ao.AutoRefresh {
 			// Copied, so that ao does not escape to the heap.
 			ttl, maxUntil := ao.TTL, start.Add(ao.MaxHold)
@@ -100,8 +86,8 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 	if expired != nil {
 		expired.checkDeadline()
 	}
-	if callback != nil && !closed {
-		callback.NotifyLoss(le.end)
+	if notifier != nil && !closed {
+		notifier.NotifyLoss(le.end)
 	}
 	if closed {
 		// Close began while we were acquiring: give the lock back.
@@ -389,9 +375,6 @@ func (le *Lease) endLocked(err error) {
 		le.timer.Stop()
 		close(le.done)
 	}
-	if le.stopLoss != nil {
-		le.stopLoss()
-	}
 	le.stopWatchdog()
 	le.l.mu.Lock()
 	le.l.unlink(le)
@@ -417,21 +400,6 @@ func (le *Lease) checkDeadline() {
 	defer le.mu.Unlock()
 	if le.err == nil && !time.Now().Before(le.deadline) {
 		le.endLocked(fmt.Errorf("%w: deadline passed without a refresh", ErrLeaseLost))
-	}
-}
-
-// lossChan is the loss report of backends not yet moved to
-// backend.LossNotifier: a channel, watched by a goroutine per lease.
-type lossChan interface {
-	Lost() <-chan struct{}
-	LostErr() error
-}
-
-func (le *Lease) watchLoss(ctx context.Context, n lossChan) {
-	select {
-	case <-n.Lost():
-		le.end(n.LostErr())
-	case <-ctx.Done():
 	}
 }
 

@@ -143,7 +143,7 @@ type Locker struct {
 	closing   context.Context // cancelled by Close
 	close     context.CancelFunc
 	closeDone chan struct{}  // closed when Close has finished
-	bg        sync.WaitGroup // the watchdog and its batches, loss watchers
+	bg        sync.WaitGroup // the watchdog and its batches
 	wd        watchdog
 
 	lineMu sync.Mutex

@@ -208,10 +208,8 @@ func backendLease(t *testing.T, le *dlock.Lease) backend.Lease {
 // reportsLoss reports whether le's backend tells of a lost lease by itself
 // (its lease implements backend.LossNotifier).
 func reportsLoss(t *testing.T, le *dlock.Lease) bool {
-	bl := backendLease(t, le)
-	_, ok := bl.(backend.LossNotifier)
-	_, old := bl.(interface{ Lost() <-chan struct{} })
-	return ok || old
+	_, ok := backendLease(t, le).(backend.LossNotifier)
+	return ok
 }
 
 // noResidue fails t unless the server keeps no state of a holder or waiter
