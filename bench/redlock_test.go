@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -97,7 +99,10 @@ func BenchmarkRedlockCycle(b *testing.B) {
 }
 
 // BenchmarkRedlockHandoff: 8 contenders, each with its own five clients,
-// on one key (conformance.BenchHandoff).
+// on one key, hold 0. Besides the time per acquisition it reports the
+// handoff waits (from a release to the next acquisition by another
+// contender) at p50 and p99, and the spread: the most acquisitions one
+// contender made divided by the fewest (1 is perfectly even).
 func BenchmarkRedlockHandoff(b *testing.B) {
 	for _, lib := range []string{"redsync", "dlock"} {
 		b.Run("lib="+lib, func(b *testing.B) {
@@ -106,7 +111,67 @@ func BenchmarkRedlockHandoff(b *testing.B) {
 			for i := range locks {
 				locks[i] = lockers(b)[lib](key)
 			}
-			conformance.BenchHandoff(b, locks)
+			benchHandoff(b, locks)
 		})
+	}
+}
+
+// benchHandoff is conformance.BenchHandoff with wait percentiles and the
+// per-contender spread: len(locks) goroutines, each with its own LockFunc,
+// take and release the lock b.N times in all.
+func benchHandoff(b *testing.B, locks []conformance.LockFunc) {
+	var (
+		mu     sync.Mutex
+		waits  []time.Duration
+		counts = make([]int, len(locks))
+		last   time.Time // the last release; zero once taken
+		lastBy = -1
+		next   atomic.Int64
+		left   atomic.Int64
+	)
+	left.Store(int64(b.N))
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for range locks {
+		me := int(next.Add(1) - 1)
+		lock := locks[me]
+		wg.Go(func() {
+			ctx := context.Background()
+			for left.Add(-1) >= 0 {
+				unlock, err := lock(ctx)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				now := time.Now()
+				mu.Lock()
+				if !last.IsZero() && lastBy != me {
+					waits = append(waits, now.Sub(last))
+				}
+				last, lastBy = time.Time{}, me
+				counts[me]++
+				mu.Unlock()
+				if err := unlock(ctx); err != nil {
+					b.Error(err)
+					return
+				}
+				mu.Lock()
+				last = time.Now()
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	if len(waits) > 0 {
+		slices.Sort(waits)
+		b.ReportMetric(float64(waits[len(waits)/2].Nanoseconds()), "wait-p50-ns")
+		b.ReportMetric(float64(waits[len(waits)*99/100].Nanoseconds()), "wait-p99-ns")
+	}
+	lo, hi := slices.Min(counts), slices.Max(counts)
+	if lo > 0 {
+		b.ReportMetric(float64(hi)/float64(lo), "spread")
+	} else if b.N >= 10*len(locks) {
+		b.ReportMetric(float64(hi), "spread") // a contender starved: as bad as hi
 	}
 }

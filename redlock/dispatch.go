@@ -38,9 +38,15 @@ type call struct {
 	script   *goredis.Script
 	keys     []string
 	args     []any
-	deadline time.Time // the round trip is cut here (a call queued past it fails unsent)
-	parse    func(v any, err error) reply
-	done     func(r reply) // called exactly once, by a worker; must not block
+	deadline time.Time // the round trip is cut here (a call queued past it fails unsent, unless keep)
+	timeout  time.Duration
+	// keep: a clean-up (a delete, a token write-back) is sent even when
+	// it was queued past its deadline, with its timeout from then: late
+	// is better than never (a key left behind blocks the lock for its
+	// TTL), and it changes nothing that is not ours.
+	keep  bool
+	parse func(v any, err error) reply
+	done  func(r reply) // called exactly once, by a worker; must not block
 }
 
 // dispatcher queues the calls to one node.
@@ -132,6 +138,9 @@ func (p *dispatcher) send(batch []*call) {
 	live := batch[:0:0]
 	var deadline time.Time
 	for _, c := range batch {
+		if c.keep && !now.Before(c.deadline) {
+			c.deadline = now.Add(c.timeout)
+		}
 		if !now.Before(c.deadline) {
 			c.done(reply{err: fmt.Errorf("node %d: queued past the per-node timeout: %w", p.node, context.DeadlineExceeded)})
 			continue

@@ -22,11 +22,17 @@
 //     refusal once so many nodes have refused or failed that no majority is
 //     possible. The replies still on their way are handled when they come
 //     (see "Returning early" below).
-//   - A failed attempt deletes the key, in the background (bounded by the
-//     per-node timeouts; Close waits for it), where it may have been set:
-//     on the nodes that granted, whose reply was lost, or whose reply is
-//     still to come (deleted when it comes). A node that refused holds
-//     nothing of ours and gets nothing.
+//   - A failed attempt deletes the key where it may have been set: on the
+//     nodes that granted, whose reply was lost, or whose reply is still to
+//     come (queued behind the acquire there). A node that refused holds
+//     nothing of ours and gets nothing. The refusal waits for these
+//     deletes at most twice the time it took to decide (and at most the
+//     release timeout), so that a node merely slower than the others is
+//     cleaned before it returns, but a node that does not answer is not
+//     waited for; the rest ends in the background (Close waits for it).
+//     Under contention this matters: a split vote's keys left behind while
+//     the contenders wait again block their next round, and the deletes
+//     wake them all at once again.
 //   - The dlock layer retries after a jittered delay (so competing clients
 //     do not split the vote forever), bounded by the caller's context. A
 //     lock held by others is reported as ErrNotAcquired; when too few nodes

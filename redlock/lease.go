@@ -61,7 +61,7 @@ func (d *Driver) releaseTimeout() time.Duration { return max(d.nodeTimeout, 100*
 // releaseCall is the compare-and-delete of l's key; with a token (a granted
 // lease), the same script raises the node's counter to it.
 func (l *lease) releaseCall() *call {
-	c := &call{script: redisscript.Release, keys: l.keys[:1], args: []any{l.value}, parse: intReply}
+	c := &call{script: redisscript.Release, keys: l.keys[:1], args: []any{l.value}, parse: intReply, keep: true}
 	if l.token > 0 {
 		c.keys, c.args = l.keys, []any{l.value, strconv.FormatUint(l.token, 10)}
 	}
@@ -105,7 +105,7 @@ func (l *lease) raiseOn(i int) {
 		if j != i {
 			return nil
 		}
-		return &call{script: redisscript.Raise, keys: l.keys[1:], args: []any{t}, parse: intReply}
+		return &call{script: redisscript.Raise, keys: l.keys[1:], args: []any{t}, parse: intReply, keep: true}
 	}).leave(nil)
 }
 
@@ -118,9 +118,11 @@ func (l *lease) lateAcquire(a answer) {
 	l.mu.Lock()
 	l.nodes[a.node] = s
 	// A release queued after the acquire runs after it on the node (the
-	// per-node order, dispatch.go), unless the acquire's round trip was
-	// cut: then it is sent again.
-	released := l.released && (s == stateFailed || !l.covered[a.node])
+	// per-node order, dispatch.go). (If the acquire's round trip was cut,
+	// the acquire may still run after it, on its own connection; sending
+	// the release again would not order it either: the key then stays
+	// until its TTL, as doc.go says.)
+	released := l.released && !l.covered[a.node]
 	l.mu.Unlock()
 	switch {
 	case s == stateNone:
@@ -228,15 +230,38 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 		rd.leave(l.lateAcquire)
 		return l, nil
 	}
-	// No grant: delete the key where it may be, in the background; the
-	// replies still to come are handled by lateAcquire.
+	// No grant: delete the key where it may be, in the background: on the
+	// nodes that granted or failed, and on those still to answer (queued
+	// behind the acquire there, so it runs after it, and before a next
+	// attempt of this Driver, which would otherwise find its own key).
 	l.released = true
+	may := make([]bool, len(l.nodes))
 	for i, s := range l.nodes {
-		if s == stateGranted || s == stateFailed {
-			l.releaseOn(i)
-		}
+		l.covered[i] = s == statePending
+		may[i] = s.mayHold()
 	}
 	rd.leave(l.lateAcquire)
+	crd := l.d.send(l.d.releaseTimeout(), func(i int) *call {
+		if !may[i] {
+			return nil
+		}
+		return l.releaseCall()
+	})
+	// The deletes are waited for, a little: up to twice the time the
+	// refusal took to decide (and at most the release timeout, and
+	// while ctx lasts), so that a node merely slower than the others is
+	// cleaned before the refusal returns, while a node that does not
+	// answer (down, frozen) is not waited for. A split vote's keys left
+	// behind while the contenders go back to waiting block the next round
+	// of every one of them, and their clean-ups wake them all again:
+	// measured with 8 contenders on one key, leaving the clean-up to the
+	// background made 3 to 4 times fewer acquisitions.
+	crd.wait(ctx, min(l.d.releaseTimeout(), 2*elapsed+time.Millisecond), func(answer) bool { return false })
+	crd.leave(func(a answer) {
+		if a.err == nil {
+			l.set(a.node, stateNone)
+		}
+	})
 	switch {
 	case granted < d.quorum && ctx.Err() != nil:
 		// The caller gave up: that is no failure of the nodes.

@@ -66,7 +66,7 @@ func (d *Driver) sendMany(timeout time.Duration, rs []routed) *round {
 	for _, x := range rs {
 		r.pending[x.node] = true
 		c, a := x.c, answer{node: x.node, req: x.req}
-		c.deadline = deadline
+		c.deadline, c.timeout = deadline, timeout
 		c.done = func(rp reply) {
 			a.reply = rp
 			r.deliver(a)
