@@ -151,7 +151,8 @@ type Driver struct {
 
 	evictionCheck EvictionCheck
 
-	hub hub
+	hub  hub
+	pipe pipe // shared pipelines for concurrent acquires and releases
 
 	closeOnce sync.Once
 }
@@ -256,6 +257,7 @@ func newDriver(client goredis.UniversalClient, opts *Options) (*Driver, error) {
 		evictionCheck: o.EvictionCheck,
 	}
 	d.hub.init(d)
+	d.pipe.init()
 	return d, nil
 }
 
@@ -423,12 +425,15 @@ func (d *Driver) As(target any) bool {
 }
 
 // Close stops the driver's pub/sub connection (waking any remaining
-// waiters) and, if the driver built the client itself from a URL, closes the
-// client. A client passed to [New] or [NewDriver] stays open.
+// waiters) and its pipeline flushers (failing the queued acquires and
+// releases still in flight; see the package documentation, Concurrent
+// callers) and, if the driver built the client itself from a URL, closes
+// the client. A client passed to [New] or [NewDriver] stays open.
 func (d *Driver) Close() error {
 	var err error
 	d.closeOnce.Do(func() {
 		d.hub.close()
+		d.pipe.close()
 		if d.ownsClient {
 			if cerr := d.client.Close(); cerr != nil {
 				err = fmt.Errorf("%w: redis: closing the client: %w", backend.ErrUnavailable, cerr)
@@ -458,7 +463,10 @@ func ttlMillis(ttl time.Duration) (int64, error) {
 // EVALSHA of acquire.lua (SET key value NX PX ttl GET, and, when the SET
 // took the lock, the token: the larger of the key's fencing counter + 1
 // and the server clock in microseconds, written back to the counter),
-// followed in the same pipeline by WAIT when WaitReplicas > 0. The script
+// followed in the same pipeline by WAIT when WaitReplicas > 0 (without
+// WaitReplicas, while other acquires or releases of the driver are in
+// flight, the EVALSHA shares a pipeline with theirs; see the package
+// documentation, Concurrent callers). The script
 // is safe to run twice: when go-redis resends it after a lost reply, the
 // second run finds the lock ours, writes the counter again (so that WAIT
 // waits for the lock to reach the replicas) and returns the same token. A TTL that is not a whole number of
@@ -498,15 +506,18 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 	}
 	var (
 		res   int64
+		cut   *pending
 		waitN = int64(d.waitN)
 	)
 	if d.waitN > 0 {
+		// Never pipelined: WAIT must follow the script on its
+		// connection.
 		res, waitN, err = d.acquireWait(ctx, l.keys[:], args)
 	} else {
-		res, err = acquireScript.Run(ctx, d.client, l.keys[:], args...).Int64()
+		res, cut, err = d.script(ctx, acquireScript, l.keys[:], args)
 	}
 	if err != nil {
-		l.cleanup(ctx)
+		l.cleanupAfter(ctx, cut)
 		return nil, unavailable(err)
 	}
 	if res < 0 {
@@ -604,7 +615,7 @@ func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 
 // Release deletes the lock if it is still ours and wakes its waiters.
 func (l *lease) Release(ctx context.Context) error {
-	n, err := releaseScript.Run(ctx, l.d.client, l.keys[:1], l.args[:1]...).Int64()
+	n, _, err := l.d.script(ctx, releaseScript, l.keys[:1], l.args[:1])
 	if err != nil {
 		return unavailable(err)
 	}
@@ -618,8 +629,20 @@ var errNotHeld = fmt.Errorf("%w: redis: the lock key is gone or has another owne
 
 // cleanup deletes the lock if this grant holds it, ignoring errors, with a
 // short timeout that ignores the cancellation of ctx.
-func (l *lease) cleanup(ctx context.Context) {
+func (l *lease) cleanup(ctx context.Context) { l.cleanupAfter(ctx, nil) }
+
+// cleanupAfter is cleanup after an acquire queued for the driver's shared
+// pipelines whose wait ctx cut short (cut, when not nil): it first waits for that
+// acquire to run (a delete sent before it would find nothing and leave
+// the lock to its TTL), and deletes nothing if the acquire found the lock
+// held by another. The wait and the delete share the one timeout.
+func (l *lease) cleanupAfter(ctx context.Context, cut *pending) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
+	if cut != nil {
+		if res, err := cut.wait(ctx); err == nil && res < 0 {
+			return // held by another: not ours to delete
+		}
+	}
 	_ = releaseScript.Run(ctx, l.d.client, l.keys[:1], l.args[:1]...).Err()
 }

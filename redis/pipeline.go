@@ -1,0 +1,195 @@
+package redis
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// maxFlushes bounds the pipelines one Driver has in flight at a time for
+// its callers' acquires and releases (see pipe).
+const maxFlushes = 2
+
+// pipe sends the acquire and release scripts of concurrent callers of one
+// Driver in shared pipelines, a group commit (see the package
+// documentation, Pipelining). A script call that finds another acquire or
+// release of the driver in flight joins the queue; a flusher goroutine
+// (at most maxFlushes at a time, started when a call finds fewer) sends
+// everything queued as one go-redis pipeline on the driver's client, wakes
+// its callers, and goes on while the queue is not empty. A lone call goes
+// straight to the client, so a single caller pays no goroutine handoff.
+type pipe struct {
+	inflight atomic.Int32 // acquires and releases in flight
+
+	mu       sync.Mutex
+	queue    []*call
+	spare    []*call // the slice of the last batch, reused for the queue
+	flushing int     // flusher goroutines running
+	closed   bool
+
+	// ctx is the context of the pipelines (cancelled by close, which
+	// then waits for the flushers); set by init.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// call is one script call in the queue.
+type call struct {
+	ctx  context.Context // the caller's
+	cmd  *goredis.Cmd
+	done chan struct{} // closed when cmd has its reply
+}
+
+func (p *pipe) init() {
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+}
+
+// close stops the flushers (cancelling their pipelines, which wakes their
+// callers with the error) and waits for them; later calls go straight to
+// the client.
+func (p *pipe) close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.cancel()
+	p.wg.Wait()
+}
+
+// enqueue queues c, starting a flusher if fewer than maxFlushes run. It
+// reports false, queuing nothing, once the pipe is closed.
+func (d *Driver) enqueue(c *call) bool {
+	p := &d.pipe
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return false
+	}
+	p.queue = append(p.queue, c)
+	start := p.flushing < maxFlushes
+	if start {
+		p.flushing++
+		p.wg.Add(1)
+	}
+	p.mu.Unlock()
+	if start {
+		go d.flush()
+	}
+	return true
+}
+
+// flush sends the queue as one pipeline, wakes its callers, and repeats
+// until the queue is empty.
+func (d *Driver) flush() {
+	p := &d.pipe
+	defer p.wg.Done()
+	var batch []*call
+	for {
+		p.mu.Lock()
+		if batch != nil {
+			clear(batch)
+			p.spare = batch[:0]
+		}
+		batch = p.queue
+		if len(batch) == 0 {
+			p.flushing--
+			p.mu.Unlock()
+			return
+		}
+		p.queue, p.spare = p.spare, nil
+		p.mu.Unlock()
+
+		d.exec(batch)
+	}
+}
+
+// exec sends batch as one pipeline and wakes its callers. The pipeline's
+// context is the pipe's, bounded by the latest deadline of the callers'
+// contexts when they all have one: no caller's context can end the
+// others' commands, and none of them waits for the pipeline past its own
+// deadline anyway.
+func (d *Driver) exec(batch []*call) {
+	ctx := d.pipe.ctx
+	var latest time.Time
+	for _, c := range batch {
+		dl, ok := c.ctx.Deadline()
+		if !ok {
+			latest = time.Time{}
+			break
+		}
+		if dl.After(latest) {
+			latest = dl
+		}
+	}
+	if !latest.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, latest)
+		defer cancel()
+	}
+	pl := d.client.Pipeline()
+	for _, c := range batch {
+		_ = pl.Process(ctx, c.cmd)
+	}
+	_, _ = pl.Exec(ctx) // the errors are in the commands
+	for _, c := range batch {
+		close(c.done)
+	}
+}
+
+// pending is a script call sent through the pipe whose wait its caller's
+// context cut short: it may still run.
+type pending struct {
+	c *call
+}
+
+// wait waits for the call until ctx ends and returns its reply, or
+// ctx's error.
+func (p *pending) wait(ctx context.Context) (int64, error) {
+	select {
+	case <-p.c.done:
+		return p.c.cmd.Int64()
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// script runs s (EVALSHA, then EVAL if the server has no such script) with
+// keys and args and returns its integer reply. When another acquire or
+// release of this driver is in flight, the EVALSHA goes through the
+// driver's pipe and ctx bounds only the wait for it; if ctx ends first,
+// the returned *pending is the call, which may still run.
+func (d *Driver) script(ctx context.Context, s *goredis.Script, keys []string, args []any) (int64, *pending, error) {
+	p := &d.pipe
+	others := p.inflight.Add(1) > 1
+	defer p.inflight.Add(-1)
+	// A context already ended goes to the client, which sends nothing.
+	if others && ctx.Err() == nil {
+		argv := make([]any, 0, 3+len(keys)+len(args))
+		argv = append(argv, "evalsha", s.Hash(), len(keys))
+		for _, k := range keys {
+			argv = append(argv, k)
+		}
+		argv = append(argv, args...)
+		c := &call{ctx: ctx, cmd: goredis.NewCmd(ctx, argv...), done: make(chan struct{})}
+		if d.enqueue(c) {
+			select {
+			case <-c.done:
+			case <-ctx.Done():
+				return 0, &pending{c}, ctx.Err()
+			}
+			if !goredis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
+				n, err := c.cmd.Int64()
+				return n, nil, err
+			}
+			// The server's script cache was flushed: EVAL, as
+			// Script.Run does.
+			n, err := s.Eval(ctx, d.client, keys, args...).Int64()
+			return n, nil, err
+		}
+	}
+	n, err := s.Run(ctx, d.client, keys, args...).Int64()
+	return n, nil, err
+}

@@ -1,0 +1,155 @@
+package redis_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/redis"
+)
+
+// TestConcurrentCallsSharePipelines: acquires and releases of goroutines
+// sharing one Driver go to the server in shared pipelines (two scripts or
+// more per pipeline on average), also across a flushed script cache
+// (NOSCRIPT, then EVAL); a lone caller's go one by one, in no pipeline;
+// Close stops the driver's flushers, leaving no goroutine behind while the
+// client (the caller's) stays open and usable.
+func TestConcurrentCallsSharePipelines(t *testing.T) {
+	h := &roundTrips{}
+	c := goredis.NewClient(&goredis.Options{Addr: serverAddr(t)})
+	c.AddHook(h)
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.Ping(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	d, err := redis.NewDriver(t.Context(), c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+
+	// A lone caller: no pipeline.
+	key := uniqueKey(t)
+	for range 20 {
+		l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if commands, pipelines, _ := h.counts(); commands != 40 || pipelines != 0 {
+		t.Fatalf("one caller, 20 cycles: %d scripts alone and %d pipelines, want 40 and 0", commands, pipelines)
+	}
+
+	const workers, cycles = 16, 100
+	var (
+		wg     sync.WaitGroup
+		done   atomic.Int64
+		flushd = make(chan struct{})
+	)
+	for w := range workers {
+		wg.Go(func() {
+			key := uniqueKey(t)
+			for i := range cycles {
+				if w == 0 && i == cycles/2 {
+					// Midway: the server forgets the scripts.
+					if err := c.ScriptFlush(t.Context()).Err(); err != nil {
+						t.Error(err)
+					}
+					close(flushd)
+				}
+				l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+				if err != nil {
+					t.Errorf("cycle %d: TryAcquire: %v", i, err)
+					return
+				}
+				if err := l.Release(t.Context()); err != nil {
+					t.Errorf("cycle %d: Release: %v", i, err)
+					return
+				}
+				done.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	<-flushd
+	commands, pipelines, cmds := h.counts()
+	t.Logf("%d workers × %d cycles: %d scripts alone, %d in %d pipelines", workers, cycles, commands-40, cmds, pipelines)
+	if pipelines == 0 || cmds < 2*pipelines {
+		t.Errorf("%d workers × %d cycles: %d scripts in %d pipelines (and %d alone), want pipelines of 2 scripts or more on average",
+			workers, cycles, cmds, pipelines, commands-40)
+	}
+
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The client is the caller's: still open.
+	if err := c.Ping(t.Context()).Err(); err != nil {
+		t.Fatalf("the client after Driver.Close: %v", err)
+	}
+}
+
+// TestPipelinedAcquireCutLeavesNothing: acquires of concurrent goroutines
+// (so most go through the driver's shared pipelines) cut short by their
+// contexts leave no lock behind: the clean-up waits for the acquire sent
+// before it, then deletes what it took. Every failed attempt finds its key
+// absent once TryAcquire has returned.
+func TestPipelinedAcquireCutLeavesNothing(t *testing.T) {
+	t.Parallel()
+	c := serverClient(t)
+	d := newDriver(t, c, nil)
+	const workers, attempts = 16, 60
+	var (
+		wg                  sync.WaitGroup
+		granted, cut, stale atomic.Int64
+	)
+	for w := range workers {
+		wg.Go(func() {
+			for i := range attempts {
+				key := uniqueKey(t)
+				// Deadlines from 0 to ~3 ms: some end before the
+				// reply, some after.
+				ctx, cancel := context.WithTimeout(t.Context(), time.Duration((w*attempts+i)%31)*100*time.Microsecond)
+				l, err := d.TryAcquire(ctx, key, 10*time.Second)
+				cancel()
+				if err == nil {
+					granted.Add(1)
+					if err := l.Release(t.Context()); err != nil {
+						t.Errorf("Release: %v", err)
+					}
+					continue
+				}
+				if !errors.Is(err, backend.ErrUnavailable) {
+					t.Errorf("TryAcquire cut short: %v, want ErrUnavailable", err)
+				}
+				cut.Add(1)
+				if n, err := c.Exists(t.Context(), lockKey(key)).Result(); err != nil {
+					t.Error(err)
+				} else if n != 0 {
+					stale.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d granted, %d cut short, %d of these left the lock held", granted.Load(), cut.Load(), stale.Load())
+	if stale.Load() > 0 {
+		t.Errorf("%d of %d acquires cut short left their lock held after TryAcquire returned", stale.Load(), cut.Load())
+	}
+	if cut.Load() == 0 {
+		t.Errorf("no acquire was cut short (%d granted): the test tested nothing", granted.Load())
+	}
+}
