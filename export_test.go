@@ -10,3 +10,13 @@ func HeldLen(l *Locker) int {
 	}
 	return n
 }
+
+// LineLen counts the waiters in l's line for key, for tests.
+func LineLen(l *Locker, key string) int {
+	l.lineMu.Lock()
+	defer l.lineMu.Unlock()
+	if ln := l.lines[key]; ln != nil {
+		return ln.waiters.Len()
+	}
+	return 0
+}

@@ -355,8 +355,16 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 	}
 	select {
 	case <-me.Value.(chan struct{}):
-	case <-ctx.Done():
-		return nil, l.acquireErr(ctx, op, key, err)
+	default:
+		// Behind other waiters: an attempt made before joining the line
+		// is stale when the turn comes (the wake-ups in between are
+		// drained below), so the head's first attempt is made at once.
+		tried = false
+		select {
+		case <-me.Value.(chan struct{}):
+		case <-ctx.Done():
+			return nil, l.acquireErr(ctx, op, key, err)
+		}
 	}
 	// At the head of the line: only this waiter makes attempts now. A wake-up
 	// that came before its turn is stale: its first attempt comes after it.
