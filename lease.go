@@ -309,7 +309,7 @@ var errReleased = fmt.Errorf("%w: released", ErrNotHeld)
 // that does not answer until the lease's deadline) is cancelled rather than
 // waited for, since the lease ends here whatever the outcome.
 func (le *Lease) release(ctx context.Context, reason error) error {
-	le.stopWatchdog()
+	le.stopWatchdog(true)
 	le.opMu.Lock()
 	defer le.opMu.Unlock()
 	if err := le.Err(); err != nil {
@@ -375,7 +375,7 @@ func (le *Lease) endLocked(err error) {
 		le.timer.Stop()
 		close(le.done)
 	}
-	le.stopWatchdog()
+	le.stopWatchdog(false)
 	le.l.mu.Lock()
 	le.l.unlink(le)
 	le.l.mu.Unlock()
@@ -403,9 +403,11 @@ func (le *Lease) checkDeadline() {
 	}
 }
 
-// stopWatchdog takes the lease out of the Locker's watchdog, if it is in it.
-func (le *Lease) stopWatchdog() {
+// stopWatchdog takes the lease out of the Locker's watchdog, if it is in it;
+// release: a Release or Close is about to wait for the lease (see
+// watchdog.stop).
+func (le *Lease) stopWatchdog(release bool) {
 	if le.wd != nil {
-		le.l.wd.stop(le.wd)
+		le.l.wd.stop(le.wd, release)
 	}
 }

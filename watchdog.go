@@ -95,22 +95,24 @@ func (w *watchdog) wake() {
 }
 
 // stop takes e out of the watchdog: no refresh of it starts from now on.
-// A batch in flight with e in it is cancelled once it has run for its
-// patience (the others in that batch are then refreshed again at once), so
-// that a Release waits behind a normal batch, not behind one that hangs.
-// (Cancelling at once would starve the other leases when many are released
-// one after another: every release would cancel the batch of the others.)
-func (w *watchdog) stop(e *wdEntry) {
+// With release (a Release or Close is about to wait for e's lease), a batch
+// in flight with e in it is cancelled once it has run for its patience (the
+// others in that batch are then refreshed again at once), so that a Release
+// waits behind a normal batch, not behind one that hangs. (Cancelling at
+// once would starve the other leases when many are released one after
+// another: every release would cancel the batch of the others.) Without
+// release (the lease ended: lost, or found past its deadline by the batch
+// itself) nobody waits, and the batch runs on for the others.
+func (w *watchdog) stop(e *wdEntry, release bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if e.stopped {
-		return
+	if !e.stopped {
+		e.stopped = true
+		if e.idx >= 0 {
+			heap.Remove(&w.q, e.idx)
+		}
 	}
-	e.stopped = true
-	if e.idx >= 0 {
-		heap.Remove(&w.q, e.idx)
-	}
-	if b := e.batch; b != nil && b.timer == nil {
+	if b := e.batch; release && b != nil && b.timer == nil {
 		b.timer = time.AfterFunc(b.patience-time.Since(b.started), b.cancel)
 	}
 }

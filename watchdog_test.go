@@ -2,6 +2,7 @@ package dlock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -164,5 +165,101 @@ func TestReleaseWaitsForNormalBatch(t *testing.T) {
 		if err := le.Release(t.Context()); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// hangingBatchDriver is a memory driver whose batches of refreshes hang
+// until their ctx ends; it reports each batch's size when it begins and
+// its ctx's error when it ends.
+type hangingBatchDriver struct {
+	*memory.Driver
+	entered chan int
+	ended   chan error
+}
+
+func (d *hangingBatchDriver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest) {
+	d.entered <- len(reqs)
+	<-ctx.Done()
+	for i := range reqs {
+		reqs[i].Err = fmt.Errorf("%w: %w", backend.ErrUnavailable, ctx.Err())
+	}
+	d.ended <- ctx.Err()
+}
+
+// hangingBatchOfTwo acquires two auto-refreshed leases (TTL 3 s: the
+// batch's patience is 500 ms) and waits until their first batch of
+// refreshes hangs in d.
+func hangingBatchOfTwo(t *testing.T) (*memory.Store, *hangingBatchDriver, *dlock.Locker, [2]*dlock.Lease) {
+	t.Helper()
+	s := memory.NewStore()
+	d := &hangingBatchDriver{Driver: memory.NewDriver(s), entered: make(chan int, 10), ended: make(chan error, 10)}
+	l := dlock.New(d, nil)
+	t.Cleanup(func() { l.Close() })
+	ao := &dlock.AcquireOptions{TTL: 3 * time.Second, AutoRefresh: true}
+	var leases [2]*dlock.Lease
+	for i := range leases {
+		le, err := l.TryAcquire(t.Context(), fmt.Sprintf("k%d", i), ao)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases[i] = le
+	}
+	select {
+	case n := <-d.entered:
+		if n != 2 {
+			t.Fatalf("a batch of %d leases, want both (acquired within a tenth of their refresh interval)", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no batch in 10 s")
+	}
+	return s, d, l, leases
+}
+
+// A lease that ends while its batch of refreshes is in flight (here the
+// backend reports it lost) does not cancel the batch: nobody waits for it,
+// and cancelling it would fail the refreshes of the others (the Release
+// patience exists for a Release that waits behind the batch). The batch
+// here ends at its own deadline. Seen failing before the fix: the batch
+// was cancelled (context.Canceled) half a second after the loss of one
+// lease.
+func TestLossInBatchDoesNotCancelIt(t *testing.T) {
+	s, d, _, leases := hangingBatchOfTwo(t)
+	if !s.Expire("k0") {
+		t.Fatal("k0 not held")
+	}
+	select {
+	case <-leases[0].Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lost lease's Done did not fire in 10 s")
+	}
+	select {
+	case err := <-d.ended:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("the batch ended with %v, want its deadline (the loss of one lease cancelled the refreshes of the others)", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the batch did not end in 20 s")
+	}
+}
+
+// A Release of a lease that was lost while its batch of refreshes hangs
+// still waits only for the batch's patience, then cancels it: Release never
+// waits behind a hanging refresh, even when the lease ended before.
+func TestReleaseOfLostLeaseCancelsHangingBatch(t *testing.T) {
+	s, d, _, leases := hangingBatchOfTwo(t)
+	if !s.Expire("k0") {
+		t.Fatal("k0 not held")
+	}
+	<-leases[0].Done()
+	if err := leases[0].Release(t.Context()); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("Release of a lost lease: %v, want ErrNotHeld", err)
+	}
+	select {
+	case err := <-d.ended:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("the batch ended with %v, want cancelled by the Release", err)
+		}
+	default:
+		t.Error("Release returned while the batch with its lease was still in flight")
 	}
 }
