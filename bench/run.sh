@@ -168,7 +168,7 @@ scale() {
 	done
 	echo "### scale workloads (dlock only; medians, [max] where a run going wrong matters)"
 	echo
-	scale ScaleLeases "lost acquire-errors goroutines-before goroutines-held goroutines-after cli-cpu-% rss-MB srv-ops/s srv-writes/s acquire-s" "lost acquire-errors"
+	scale ScaleLeases "lost acquire-errors release-errors goroutines-before goroutines-held goroutines-after cli-cpu-% rss-MB srv-ops/s srv-writes/s acquire-s" "lost acquire-errors release-errors"
 	echo
 	scale ScaleWaiters "cmds/acq queue-cmds/waiter drain-s conns-peak goroutines-before goroutines-peak goroutines-after errors" "errors"
 	echo

@@ -176,7 +176,8 @@ func mustStats(b *testing.B, stats func(context.Context) (serverStats, error)) s
 // commands; etcd gRPC messages and Raft proposals; ZooKeeper packets and
 // write transactions); acquire-s, the time taken to take the leases
 // (scaleAcquirer goroutines); acquire-errors, acquires that failed (the
-// workload goes on with the leases it has).
+// workload goes on with the leases it has); release-errors, releases that
+// failed otherwise than by saying the lease was not held.
 func BenchmarkScaleLeases(b *testing.B) {
 	for _, be := range scaleBackends {
 		b.Run("backend="+be.name, func(b *testing.B) {
@@ -248,7 +249,7 @@ func BenchmarkScaleLeases(b *testing.B) {
 			// Release every lease; one that was lost says ErrNotHeld or
 			// ErrLeaseLost, already counted above if its Done fired.
 			next.Store(0)
-			var lateLost atomic.Int64
+			var lateLost, releaseErrs atomic.Int64
 			for range scaleAcquirer {
 				wg.Go(func() {
 					for {
@@ -266,11 +267,16 @@ func BenchmarkScaleLeases(b *testing.B) {
 							fired = true
 						default:
 						}
-						if err := le.Release(ctx); err != nil && !fired {
-							if !errors.Is(err, dlock.ErrNotHeld) && !errors.Is(err, dlock.ErrLeaseLost) {
-								b.Errorf("release: %v", err)
-							}
+						switch err := le.Release(ctx); {
+						case err == nil || fired:
+						case errors.Is(err, dlock.ErrNotHeld) || errors.Is(err, dlock.ErrLeaseLost):
 							lateLost.Add(1)
+						default:
+							// Measured, not a harness failure (Redlock at
+							// f29a463: per-node timeouts under this load).
+							if releaseErrs.Add(1) == 1 {
+								b.Logf("release: %v", err)
+							}
 						}
 					}
 				})
@@ -293,6 +299,7 @@ func BenchmarkScaleLeases(b *testing.B) {
 			}
 			b.ReportMetric(acquired.Seconds(), "acquire-s")
 			b.ReportMetric(float64(failed.Load()), "acquire-errors")
+			b.ReportMetric(float64(releaseErrs.Load()), "release-errors")
 		})
 	}
 }
