@@ -54,10 +54,14 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 		ttl:      bl.TTL(),
 	}
 	le.setDeadline(start.Add(le.ttl - l.margin(le.ttl)))
-	// A loss the backend reports (NotifyLoss) ends the lease, also while
-	// a Release or Close is under way. The watchdog stops when Release or
-	// Close begins.
-	notifier, _ := bl.(backend.LossNotifier)
+	// A loss the backend reports ends the lease, also while a Release or
+	// Close is under way. It is asked for before the lease is linked or
+	// given to the watchdog (the backend contract: before any Refresh or
+	// Release); a loss known already ends the lease at once, and it is
+	// then neither linked nor refreshed.
+	if notifier, ok := bl.(backend.LossNotifier); ok {
+		notifier.NotifyLoss(le.end)
+	}
 
 	// le.mu is held until the lease is set up: the watchdog can end it
 	// only then.
@@ -65,7 +69,7 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 	l.mu.Lock()
 	closed := l.closed
 	var expired *Lease
-	if !closed {
+	if !closed && le.err == nil {
 		expired = l.link(le)
 		if ao.AutoRefresh {
 			// Copied, so that ao does not escape to the heap.
@@ -85,9 +89,6 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 	le.mu.Unlock()
 	if expired != nil {
 		expired.checkDeadline()
-	}
-	if notifier != nil && !closed {
-		notifier.NotifyLoss(le.end)
 	}
 	if closed {
 		// Close began while we were acquiring: give the lock back.
