@@ -215,7 +215,7 @@ func (w *watchdog) run(b *wdBatch, batch []*wdEntry) {
 	l := w.l
 	reqs := make([]backend.RefreshRequest, 0, len(batch))
 	entries := make([]*wdEntry, 0, len(batch))
-	var earliest time.Time
+	var latest time.Time
 	for _, e := range batch {
 		le := e.le
 		if !le.opMu.TryLock() {
@@ -235,8 +235,8 @@ func (w *watchdog) run(b *wdBatch, batch []*wdEntry) {
 			w.drop(e)
 			continue
 		}
-		if d := le.Deadline(); earliest.IsZero() || d.Before(earliest) {
-			earliest = d
+		if d := le.Deadline(); d.After(latest) {
+			latest = d
 		}
 		reqs = append(reqs, backend.RefreshRequest{Lease: le.bl, TTL: next})
 		entries = append(entries, e)
@@ -244,9 +244,13 @@ func (w *watchdog) run(b *wdBatch, batch []*wdEntry) {
 	if len(reqs) == 0 {
 		return
 	}
-	// A refresh that cannot finish before the deadline is of no use, and
-	// must not hold up Release or Close while the backend hangs.
-	ctx, cancel := context.WithDeadline(b.ctx, earliest)
+	// A refresh that cannot finish before its lease's deadline is of no
+	// use: the batch ends at the latest deadline in it (not the earliest:
+	// one lease near its end must not cut the others' refreshes short; a
+	// lease whose deadline passes meanwhile ends, and what its refresh
+	// extended is given back). Release and Close do not wait that long:
+	// see stop and the closing context.
+	ctx, cancel := context.WithDeadline(b.ctx, latest)
 	start := time.Now()
 	refreshAll(ctx, l.drv, reqs)
 	cancel()
