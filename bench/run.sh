@@ -121,7 +121,7 @@ ratios() {
 # runs, one row per sub-benchmark, the median of each unit over the runs
 # (and the maximum too for MAXUNITS), read from the raw lines.
 scale() {
-	grep -E "^Benchmark$1/" "$out/bench.txt" | awk -v units="$2" -v maxunits="$3" '
+	{ grep -E "^Benchmark$1/" "$out/bench.txt" || true; } | awk -v units="$2" -v maxunits="$3" '
 	function f(x) { return x >= 1000 || x <= -1000 ? sprintf("%.0f", x) : sprintf("%.4g", x) }
 	function med(k, n, a, i, j, t) {
 		n = cnt[k]
