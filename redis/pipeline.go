@@ -26,8 +26,9 @@ type pipe struct {
 
 	mu       sync.Mutex
 	queue    []*call
-	spare    []*call // the slice of the last batch, reused for the queue
-	flushing int     // flusher goroutines running
+	done     chan struct{} // the queue's: closed when its pipeline has run
+	spare    []*call       // the slice of the last batch, reused for the queue
+	flushing int           // flusher goroutines running
 	closed   bool
 
 	// ctx is the context of the pipelines (cancelled by close, which
@@ -41,7 +42,7 @@ type pipe struct {
 type call struct {
 	ctx  context.Context // the caller's
 	cmd  *goredis.Cmd
-	done chan struct{} // closed when cmd has its reply
+	done chan struct{} // closed when cmd has its reply (its batch's, set by enqueue)
 }
 
 func (p *pipe) init() {
@@ -68,6 +69,10 @@ func (d *Driver) enqueue(c *call) bool {
 		p.mu.Unlock()
 		return false
 	}
+	if p.done == nil {
+		p.done = make(chan struct{})
+	}
+	c.done = p.done
 	p.queue = append(p.queue, c)
 	start := p.flushing < maxFlushes
 	if start {
@@ -81,8 +86,8 @@ func (d *Driver) enqueue(c *call) bool {
 	return true
 }
 
-// flush sends the queue as one pipeline, wakes its callers, and repeats
-// until the queue is empty.
+// flush sends the queue as one pipeline, wakes its callers (closing the
+// queue's done channel), and repeats until the queue is empty.
 func (d *Driver) flush() {
 	p := &d.pipe
 	defer p.wg.Done()
@@ -99,14 +104,16 @@ func (d *Driver) flush() {
 			p.mu.Unlock()
 			return
 		}
-		p.queue, p.spare = p.spare, nil
+		done := p.done
+		p.queue, p.spare, p.done = p.spare, nil, nil
 		p.mu.Unlock()
 
 		d.exec(batch)
+		close(done)
 	}
 }
 
-// exec sends batch as one pipeline and wakes its callers. The pipeline's
+// exec sends batch as one pipeline. The pipeline's
 // context is the pipe's, bounded by the latest deadline of the callers'
 // contexts when they all have one: no caller's context can end the
 // others' commands, and none of them waits for the pipeline past its own
@@ -134,9 +141,6 @@ func (d *Driver) exec(batch []*call) {
 		_ = pl.Process(ctx, c.cmd)
 	}
 	_, _ = pl.Exec(ctx) // the errors are in the commands
-	for _, c := range batch {
-		close(c.done)
-	}
 }
 
 // pending is a script call sent through the pipe whose wait its caller's
@@ -173,7 +177,7 @@ func (d *Driver) script(ctx context.Context, s *goredis.Script, keys []string, a
 			argv = append(argv, k)
 		}
 		argv = append(argv, args...)
-		c := &call{ctx: ctx, cmd: goredis.NewCmd(ctx, argv...), done: make(chan struct{})}
+		c := &call{ctx: ctx, cmd: goredis.NewCmd(ctx, argv...)}
 		if d.enqueue(c) {
 			select {
 			case <-c.done:
