@@ -31,7 +31,11 @@
 //     revokes the pool). Pooled leases are not kept alive: an acquire that
 //     takes one sends a keepalive (on the Driver's keepalive stream, not a
 //     Raft write) at the same time as its put, and the grant's TTL and
-//     Deadline count from that keepalive's sending. A pooled lease that may
+//     Deadline count from that keepalive's sending; unless the lease was
+//     renewed (or granted) within the last tenth of its TTL, by the lock it
+//     carried just before: then the put goes alone, and the grant's TTL is
+//     what is left of the lease (a little below the TTL granted; its
+//     Deadline counts from that renewal's sending). A pooled lease that may
 //     have run out by our count is not used; one that ran out anyway (the
 //     put fails with "lease not found", or the keepalive finds it gone) is
 //     dropped and the acquire takes another lease or grants a new one.
@@ -104,8 +108,8 @@
 // floor (1.5 × the election timeout, 2s by default) to the floor. Lease.TTL
 // reports the TTL the server granted; Limits().MinTTL is 1s. Lease.Deadline
 // counts from the moment the grant, the keepalive sent with the put of a
-// pooled lease, or the waiter's last keepalive was sent, less the drift
-// margin.
+// pooled lease (or, for a lease renewed just before, that renewal), or the
+// waiter's last keepalive was sent, less the drift margin.
 //
 // Keepalives (of queued waiters, of Refresh, of pooled leases at their
 // reuse, of RefreshBatch) go on the Driver's four LeaseKeepAlive streams,

@@ -13,7 +13,10 @@ import (
 // instead of being revoked (a Raft write) and a new one granted (another).
 // An acquire that takes a lease from the pool sends a keepalive at the same
 // time as its put: the grant's expiry counts from that keepalive's sending,
-// never from the pooled lease's past. Pooled leases are not kept alive: one
+// never from the pooled lease's past; unless the lease was renewed within
+// the last tenth of its TTL (a lock cycle just before): then the put goes
+// alone, and the grant has what is left of the lease (its expiry counts
+// from that renewal's sending). Pooled leases are not kept alive: one
 // that may have run out is not handed out, and one that ran out all the same
 // (revoked behind our back, say) fails the put with "lease not found", and
 // the acquire grants a new lease.
@@ -26,6 +29,11 @@ const (
 	// poolIdle is how long a lease may stay in the pool unused before it
 	// is revoked (checked when the pool is used, and at Close).
 	poolIdle = 30 * time.Second
+	// poolFresh: a pooled lease with more than its TTL less a poolFresh-th
+	// of it left (renewed that recently, by the lock it carried before)
+	// is handed out without a keepalive; the grant's TTL is then what is
+	// left of the lease.
+	poolFresh = 10
 )
 
 // pooled is an idle lease: no key is on it.

@@ -291,3 +291,64 @@ func TestRefreshBatch(t *testing.T) {
 		t.Errorf("the lease asked for 20s: granted %v, err %v", r.Granted, r.Err)
 	}
 }
+
+// keepalivesReceived is the number of LeaseKeepAlive messages the member at
+// addr has received.
+func keepalivesReceived(t *testing.T, addr string) float64 {
+	t.Helper()
+	n, err := metric(t.Context(), addr, `grpc_server_msg_received_total{grpc_method="LeaseKeepAlive",grpc_service="etcdserverpb.Lease",grpc_type="bidi_stream"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestFreshPooledLeaseNoKeepalive: a lock taken again right after its
+// release gets the pooled lease without a keepalive (the lease was renewed
+// within the last tenth of its TTL), and the grant has what is left of the
+// lease: a TTL a little below the asked, and a Deadline within the server's
+// expiry. (Before, every grant on a pooled lease sent a keepalive: this
+// test saw one.)
+func TestFreshPooledLeaseNoKeepalive(t *testing.T) {
+	t.Parallel()
+	c := ownCluster(t, 1)
+	addr := c.Members[0].Addr()
+	admin := newClient(t, c.Endpoints())
+	_, l := ownDriver(t, c.Endpoints())
+	key := uniqueKey(t)
+	ao := &dlock.AcquireOptions{TTL: 10 * time.Second}
+	le, err := l.Acquire(t.Context(), key, ao)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _ := etcd.OwnerOf(le)
+	if err := le.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	before := keepalivesReceived(t, addr)
+	le, err = l.Acquire(t.Context(), key, ao)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := keepalivesReceived(t, addr) - before; n != 0 {
+		t.Errorf("the acquire on a freshly renewed pooled lease sent %v keepalives, want 0", n)
+	}
+	own, _ := etcd.OwnerOf(le)
+	if own.Lease != first.Lease {
+		t.Fatalf("the pooled lease was not reused (%x, then %x)", first.Lease, own.Lease)
+	}
+	if ttl := le.TTL(); ttl > 10*time.Second || ttl < 9*time.Second {
+		t.Errorf("TTL %v, want what is left of the 10s lease", ttl)
+	}
+	asked := time.Now()
+	ttl, err := admin.TimeToLive(t.Context(), own.Lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if serverEnd := asked.Add(time.Duration(ttl.TTL+1) * time.Second); le.Deadline().After(serverEnd) {
+		t.Errorf("Deadline is %v after the server's expiry (remaining TTL %ds)", le.Deadline().Sub(serverEnd), ttl.TTL)
+	}
+	if err := le.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
