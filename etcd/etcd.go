@@ -303,28 +303,20 @@ func (d *Driver) enqueueFresh(ctx context.Context, key string, secs int64) (*wai
 
 // enqueuePooled puts our key on the idle lease e, and at the same time
 // sends a keepalive of e: the grant's expiry counts from that keepalive's
-// sending. A lease renewed within the last tenth of its TTL (poolFresh)
-// gets no keepalive: the grant has what is left of the lease. If e has run out (the put fails with "lease not found", or the
-// keepalive finds it gone) it returns errPoolStale; nothing is left behind.
+// sending. A lease renewed within the last tenth of its TTL (poolFresh), by
+// the lock it carried just before, gets no keepalive: the grant has what is
+// left of the lease. If e has run out (the put fails with "lease not
+// found", or the keepalive finds it gone) it returns errPoolStale; nothing
+// is left behind.
 func (d *Driver) enqueuePooled(ctx context.Context, key string, secs int64, e pooled) (*waiter, bool, error) {
 	w := &waiter{d: d, key: key, secs: secs, id: e.id, ttl: e.ttl}
-	if now := time.Now(); e.expires.Sub(now) >= e.ttl-e.ttl/poolFresh {
-		// Renewed (or granted) within the last tenth of its TTL, by the
-		// lock it carried before: no keepalive. The grant's expiry is
-		// the lease's, and its TTL what is left of it from now (a
-		// little less than granted).
-		first, err := w.join(ctx)
-		switch {
-		case errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, errGone):
-			return nil, false, errPoolStale
-		case err != nil:
-			w.revoke(ctx)
-			return nil, false, err
-		}
-		w.anchor, w.ttl = now, e.expires.Sub(now)
-		return w, first, nil
+	now := time.Now()
+	// Fresh: the grant's TTL is what is left of the lease from now.
+	fresh := renewal{ttl: e.expires.Sub(now), sent: now}
+	wait := func() []renewal { return []renewal{fresh} }
+	if fresh.ttl < e.ttl-e.ttl/poolFresh {
+		wait = d.ka.start(ctx, []clientv3.LeaseID{e.id})
 	}
-	wait := d.ka.start(ctx, []clientv3.LeaseID{e.id})
 	first, err := w.join(ctx)
 	r := wait()[0]
 	switch {
