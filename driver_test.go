@@ -677,6 +677,15 @@ func TestLeaseContext(t *testing.T) {
 	for _, c := range cancels {
 		c()
 	}
+	// A context whose parent ends is forgotten too.
+	parent, cancelParent := context.WithCancel(t.Context())
+	le.Context(parent)
+	cancelParent()
+	for deadline := time.Now().Add(10 * time.Second); dlock.LeaseContexts(le) != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d contexts still kept after theirs ended, want 1 (the live one)", dlock.LeaseContexts(le))
+		}
+	}
 	if ctx.Err() != nil {
 		t.Fatal("the context ended while the lease is held")
 	}

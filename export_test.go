@@ -20,3 +20,11 @@ func LineLen(l *Locker, key string) int {
 	}
 	return 0
 }
+
+// LeaseContexts counts the contexts made by le.Context that its end is to
+// cancel, for tests.
+func LeaseContexts(le *Lease) int {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	return len(le.onEnd)
+}

@@ -199,12 +199,14 @@ func (le *Lease) Context(parent context.Context) (context.Context, context.Cance
 	}
 	le.onEnd[&cancel] = struct{}{}
 	le.mu.Unlock()
-	return ctx, func() {
+	// Forget the context when it ends first (parent cancelled, or the
+	// caller's cancel): no goroutine until then.
+	context.AfterFunc(ctx, func() {
 		le.mu.Lock()
 		delete(le.onEnd, &cancel)
 		le.mu.Unlock()
-		cancel(context.Canceled)
-	}
+	})
+	return ctx, func() { cancel(context.Canceled) }
 }
 
 // Refresh extends the lease to ttl from now (ttl 0: the TTL the lease was
@@ -305,10 +307,11 @@ func (le *Lease) giveBack(ctx context.Context) {
 // errReleased is the Err of a released lease.
 var errReleased = fmt.Errorf("%w: released", ErrNotHeld)
 
-// release gives the lock back and ends the lease with reason. It first stops
-// the watchdog: a background refresh in flight (which may hang on a backend
-// that does not answer until the lease's deadline) is cancelled rather than
-// waited for, since the lease ends here whatever the outcome.
+// release gives the lock back and ends the lease with reason. It first takes
+// the lease out of the watchdog: a batch of background refreshes in flight
+// with it is waited for only up to the batch's patience, then cancelled (a
+// backend may not answer until the lease's deadline), since the lease ends
+// here whatever the outcome.
 func (le *Lease) release(ctx context.Context, reason error) error {
 	le.stopWatchdog(true)
 	le.opMu.Lock()
