@@ -10,6 +10,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/redisscript"
 )
 
 // The per-node dispatchers. Every script the Driver runs on a node goes
@@ -160,10 +161,30 @@ func (p *dispatcher) send(batch []*call) {
 		c.done(c.parse(c.script.Run(ctx, p.c, c.keys, c.args...).Result()))
 		return
 	}
+	// A call answered NOSCRIPT (the node lost its scripts, or has only
+	// some of them) is sent again with EVAL after the pipeline, that is
+	// after the calls behind it in the pipeline. That must not move it
+	// past a later call on the same lock (say a release queued behind its
+	// acquire: the release would find nothing, and the acquire, run
+	// again, leave a key nothing deletes): a call followed in the
+	// pipeline by another call on its lock is sent with EVAL (the script's
+	// text; no NOSCRIPT), so only calls with no later call on their lock
+	// can be sent again out of the pipeline's order.
+	later := make(map[string]bool, len(live))
+	eval := make([]bool, len(live))
+	for i := len(live) - 1; i >= 0; i-- {
+		k := lockOf(live[i])
+		eval[i] = later[k]
+		later[k] = true
+	}
 	pipe := p.c.Pipeline()
 	cmds := make([]*goredis.Cmd, len(live))
 	for i, c := range live {
-		cmds[i] = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+		if eval[i] {
+			cmds[i] = c.script.Eval(ctx, pipe, c.keys, c.args...)
+		} else {
+			cmds[i] = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+		}
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own result
 	for i, c := range live {
@@ -174,6 +195,12 @@ func (p *dispatcher) send(batch []*call) {
 		}
 		c.done(c.parse(v, err))
 	}
+}
+
+// lockOf is the lock key a call is about (a token write-back names only
+// the lock's fencing counter).
+func lockOf(c *call) string {
+	return strings.TrimSuffix(c.keys[0], redisscript.FenceSuffix)
 }
 
 // close fails what is still queued with ErrClosed and waits for the

@@ -67,7 +67,10 @@
 //     releases and refreshes share round trips, and no goroutine is started
 //     per node per call. The calls to a node run in the order they were
 //     queued (a pipeline is sent once the one before has been answered):
-//     a release queued while its acquire is on its way runs after it. Over
+//     a release queued while its acquire is on its way runs after it (also
+//     when the node has lost its scripts: a call followed in its pipeline
+//     by another call on the same lock is sent with EVAL, so a NOSCRIPT
+//     answer, sent again after the pipeline, never moves it past one). Over
 //     a node slower than the per-node timeout, the calls queued behind a
 //     slow pipeline wait for it, and those whose timeout passes meanwhile
 //     fail without being sent.
@@ -191,7 +194,12 @@
 // in time either, so the release after a failed attempt reaches a slow node
 // only on a connection already open in the pool; otherwise the key the late
 // SET made there stays until its TTL (it only delays later grants, as a
-// lock held by nobody would).
+// lock held by nobody would). Calls queued together for a node go out as
+// one pipeline, and go-redis (v9.23) takes a pipeline's connection from a
+// pool of its own (Options.PipelinePoolSize; it never opens connections
+// ahead), not from the pool a lone command uses: connections opened by
+// lone commands do not serve pipelined clean-ups. A client with
+// PipelinePoolSize set to -1 sends pipelines on its one pool.
 //
 // # URL
 //
