@@ -83,10 +83,13 @@
 //     whose context ends returns at once, while its command, already sent
 //     or queued, may still run. A cut acquire's clean-up first waits for
 //     that command (within its 2 s bound), then deletes the lock only if
-//     the acquire may have taken it. The pipeline's own context ends with
-//     the latest deadline of its callers' contexts when they all have one,
-//     and at [Driver.Close]; one caller's cancellation never fails the
-//     others' commands.
+//     the acquire may have taken it; if the command's pipeline has not run
+//     by then (a slow server, or go-redis resending it after a lost
+//     reply), the flusher deletes that lock once the pipeline has run
+//     ([Driver.Close] waits for that delete, up to 2 s). The pipeline's
+//     own context ends with the latest deadline of its callers' contexts
+//     when they all have one, and at [Driver.Close]; one caller's
+//     cancellation never fails the others' commands.
 //   - go-redis hooks see a pipeline (ProcessPipelineHook) whose context is
 //     the driver's, not the caller's, so a tracing hook does not parent
 //     the command to the caller's span.

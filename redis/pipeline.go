@@ -43,7 +43,18 @@ type call struct {
 	ctx  context.Context // the caller's
 	cmd  *goredis.Cmd
 	done chan struct{} // closed when cmd has its reply (its batch's, set by enqueue)
+
+	// orphan is set once, either by the flusher to ranMark when the call's
+	// pipeline has run (before done is closed), or before that by the
+	// clean-up of an acquire cut short that stops waiting for the call
+	// (see pending.abandon) to the lease whose lock the flusher then
+	// deletes once the pipeline has run: go-redis may send the script
+	// (again, on a lost reply) after the clean-up gave up.
+	orphan atomic.Pointer[lease]
 }
+
+// ranMark marks a call whose pipeline has run (call.orphan).
+var ranMark = new(lease)
 
 func (p *pipe) init() {
 	p.ctx, p.cancel = context.WithCancel(context.Background())
@@ -109,8 +120,36 @@ func (d *Driver) flush() {
 		p.mu.Unlock()
 
 		d.exec(batch)
+		var orphans []*lease
+		for _, c := range batch {
+			if l := c.orphan.Swap(ranMark); l != nil {
+				// Abandoned by its clean-up: delete what it may
+				// have taken (not if it found the lock held).
+				if res, err := c.cmd.Int64(); err != nil || res >= 0 {
+					orphans = append(orphans, l)
+				}
+			}
+		}
 		close(done)
+		if len(orphans) > 0 {
+			d.deleteOrphans(orphans)
+		}
 	}
+}
+
+// deleteOrphans deletes the locks of abandoned acquires (each if still
+// theirs), in one pipeline within cleanupTimeout. Not with the pipe's
+// context: a Close waits for these deletes (that long at most) rather than
+// leave the locks to their TTL.
+func (d *Driver) deleteOrphans(orphans []*lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	pl := d.client.Pipeline()
+	for _, l := range orphans {
+		// EVAL, not EVALSHA: rare, and no NOSCRIPT round trip.
+		_ = releaseScript.Eval(ctx, pl, l.keys[:1], l.args[:1]...)
+	}
+	_, _ = pl.Exec(ctx) // best effort
 }
 
 // exec sends batch as one pipeline. The pipeline's
@@ -149,15 +188,23 @@ type pending struct {
 	c *call
 }
 
-// wait waits for the call until ctx ends and returns its reply, or
-// ctx's error.
-func (p *pending) wait(ctx context.Context) (int64, error) {
+// wait waits for the call until ctx ends and returns its reply (ran
+// true), or ctx's error (ran false).
+func (p *pending) wait(ctx context.Context) (res int64, ran bool, err error) {
 	select {
 	case <-p.c.done:
-		return p.c.cmd.Int64()
+		res, err = p.c.cmd.Int64()
+		return res, true, err
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return 0, false, ctx.Err()
 	}
+}
+
+// abandon hands the lock that the call, an acquire of l, may take to the
+// flusher, which deletes it once the call's pipeline has run. It reports
+// false if the pipeline has run already (the caller then has the reply).
+func (p *pending) abandon(l *lease) bool {
+	return p.c.orphan.CompareAndSwap(nil, l)
 }
 
 // script runs s (EVALSHA, then EVAL if the server has no such script) with

@@ -3,6 +3,7 @@ package redis_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -151,5 +152,106 @@ func TestPipelinedAcquireCutLeavesNothing(t *testing.T) {
 	}
 	if cut.Load() == 0 {
 		t.Errorf("no acquire was cut short (%d granted): the test tested nothing", granted.Load())
+	}
+}
+
+// blockKey is a go-redis hook that holds back the commands (sent alone)
+// naming one key until release is closed: an acquire of that key stays in
+// flight, so that the driver's other script calls go through its pipe.
+type blockKey struct {
+	key     string
+	release chan struct{}
+	entered chan struct{} // closed when a command naming key is held back
+	once    sync.Once
+	// piped is sent the outcome of every pipeline once it has run (all
+	// its attempts).
+	piped chan error
+}
+
+func (h *blockKey) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (h *blockKey) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		for _, a := range cmd.Args() {
+			if a == h.key {
+				h.once.Do(func() { close(h.entered) })
+				<-h.release
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *blockKey) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		err := next(ctx, cmds)
+		select {
+		case h.piped <- err:
+		default:
+		}
+		return err
+	}
+}
+
+// TestPipelinedAcquireCutThenResent: a queued acquire whose caller gave up
+// (its context cancelled) and whose clean-up stopped waiting for it (its 2 s
+// bound) is resent by go-redis after the clean-up's delete: its pipeline's
+// reply was lost (held by a proxy until the client's 3 s ReadTimeout), and a
+// pipeline is resent on a timeout, with the driver's context, which the
+// caller's cancellation does not end. The resent script takes the lock
+// again; nobody holds it, yet it must not stay until its TTL.
+func TestPipelinedAcquireCutThenResent(t *testing.T) {
+	p := newReplyDropper(t)
+	p.hold = true
+	h := &blockKey{key: lockKey(uniqueKey(t)), release: make(chan struct{}), entered: make(chan struct{}), piped: make(chan error, 1)}
+	c := goredis.NewClient(&goredis.Options{Addr: p.Addr(), ReadTimeout: 3 * time.Second, MaxRetries: 3})
+	c.AddHook(h)
+	t.Cleanup(func() { _ = c.Close() })
+	d := newDriver(t, c, nil)
+	admin := serverClient(t)
+
+	// A lone acquire held back before any I/O: in flight.
+	other := make(chan error, 1)
+	go func() {
+		key := strings.TrimSuffix(strings.TrimPrefix(h.key, redis.DefaultPrefix+"{"), "}")
+		l, err := d.TryAcquire(context.Background(), key, time.Minute)
+		if err == nil {
+			err = l.Release(context.Background())
+		}
+		other <- err
+	}()
+	defer func() {
+		close(h.release)
+		if err := <-other; err != nil {
+			t.Errorf("the held-back acquire: %v", err)
+		}
+	}()
+	<-h.entered
+
+	key := uniqueKey(t)
+	p.armed.Store(true)
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	_, err := d.TryAcquire(ctx, key, time.Minute)
+	if p.armed.Load() {
+		t.Fatal("the proxy never saw the acquire script")
+	}
+	if !errors.Is(err, backend.ErrUnavailable) {
+		t.Fatalf("TryAcquire cut short = %v, want ErrUnavailable", err)
+	}
+	select {
+	case err := <-h.piped:
+		t.Logf("the pipeline ended: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the acquire's pipeline did not end within 30 s (was it pipelined at all?)")
+	}
+	// Once the pipeline has run (resent or not), the lock must go soon.
+	deadline := time.Now().Add(10 * time.Second)
+	for admin.Exists(t.Context(), lockKey(key)).Val() != 0 {
+		if time.Now().After(deadline) {
+			ttl := admin.PTTL(t.Context(), lockKey(key)).Val()
+			t.Fatalf("the cut acquire's lock is still there 10 s after its pipeline ended (TTL left %v): nobody holds it", ttl)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

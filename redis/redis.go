@@ -635,12 +635,27 @@ func (l *lease) cleanup(ctx context.Context) { l.cleanupAfter(ctx, nil) }
 // pipelines whose wait ctx cut short (cut, when not nil): it first waits for that
 // acquire to run (a delete sent before it would find nothing and leave
 // the lock to its TTL), and deletes nothing if the acquire found the lock
-// held by another. The wait and the delete share the one timeout.
+// held by another. The wait and the delete share the one timeout; if the
+// acquire's pipeline has not run when it ends (a slow server, or go-redis
+// resending the pipeline after a lost reply), the delete is left to the
+// flusher, which sends it once the pipeline has run.
 func (l *lease) cleanupAfter(ctx context.Context, cut *pending) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	if cut != nil {
-		if res, err := cut.wait(ctx); err == nil && res < 0 {
+		res, ran, err := cut.wait(ctx)
+		if !ran {
+			if cut.abandon(l) {
+				return // the flusher deletes it
+			}
+			// It ran meanwhile, as the timeout ended: delete with a
+			// fresh timeout.
+			res, err = cut.c.cmd.Int64()
+			cancel()
+			ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+			defer cancel()
+		}
+		if err == nil && res < 0 {
 			return // held by another: not ours to delete
 		}
 	}
