@@ -10,7 +10,6 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock/backend"
-	"github.com/dlock-go/dlock/internal/redisscript"
 )
 
 // The per-node dispatchers. Every script the Driver runs on a node goes
@@ -164,16 +163,17 @@ func (p *dispatcher) send(batch []*call) {
 	// A call answered NOSCRIPT (the node lost its scripts, or has only
 	// some of them) is sent again with EVAL after the pipeline, that is
 	// after the calls behind it in the pipeline. That must not move it
-	// past a later call on the same lock (say a release queued behind its
-	// acquire: the release would find nothing, and the acquire, run
+	// past a later call of the same grant (say the release queued behind
+	// its acquire: the release would find nothing, and the acquire, run
 	// again, leave a key nothing deletes): a call followed in the
-	// pipeline by another call on its lock is sent with EVAL (the script's
-	// text; no NOSCRIPT), so only calls with no later call on their lock
-	// can be sent again out of the pipeline's order.
+	// pipeline by another call of its grant is sent with EVAL (the
+	// script's text; no NOSCRIPT). Calls of different grants may still
+	// change places then, as calls of two Drivers may: each compares its
+	// own value.
 	later := make(map[string]bool, len(live))
 	eval := make([]bool, len(live))
 	for i := len(live) - 1; i >= 0; i-- {
-		k := lockOf(live[i])
+		k := grantOf(live[i])
 		eval[i] = later[k]
 		later[k] = true
 	}
@@ -197,10 +197,12 @@ func (p *dispatcher) send(batch []*call) {
 	}
 }
 
-// lockOf is the lock key a call is about (a token write-back names only
-// the lock's fencing counter).
-func lockOf(c *call) string {
-	return strings.TrimSuffix(c.keys[0], redisscript.FenceSuffix)
+// grantOf names the grant a call is about: its lock key and ownership
+// value (a token write-back names the lock's fencing counter and the
+// token: it is idempotent, in any order).
+func grantOf(c *call) string {
+	v, _ := c.args[0].(string) // every script's first argument is a string
+	return c.keys[0] + "\x00" + v
 }
 
 // close fails what is still queued with ErrClosed and waits for the

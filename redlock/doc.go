@@ -69,7 +69,7 @@
 //     queued (a pipeline is sent once the one before has been answered):
 //     a release queued while its acquire is on its way runs after it (also
 //     when the node has lost its scripts: a call followed in its pipeline
-//     by another call on the same lock is sent with EVAL, so a NOSCRIPT
+//     by another call of the same grant is sent with EVAL, so a NOSCRIPT
 //     answer, sent again after the pipeline, never moves it past one). Over
 //     a node slower than the per-node timeout, the calls queued behind a
 //     slow pipeline wait for it, and those whose timeout passes meanwhile
