@@ -135,8 +135,24 @@ func TestPooledLeaseDeadline(t *testing.T) {
 	eps := ownCluster(t, 1).Endpoints()
 	admin := newClient(t, eps)
 	_, l := ownDriver(t, eps)
+	le, first := reacquire(t, l, &dlock.AcquireOptions{TTL: 6 * time.Second}, func() {
+		time.Sleep(2 * time.Second) // a third of the TTL in the pool
+	})
+	if own, _ := etcd.OwnerOf(le); own.Lease != first {
+		t.Skipf("the pooled lease was not reused (%x, then %x)", first, own.Lease)
+	}
+	deadlineWithinServer(t, admin, le, "the grant's TTL was counted from before the lease's last renewal")
+	if err := le.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// reacquire acquires a new key with ao through l, releases it, calls
+// between, and acquires the key again. It returns the second lease and the
+// etcd lease of the first grant.
+func reacquire(t *testing.T, l *dlock.Locker, ao *dlock.AcquireOptions, between func()) (*dlock.Lease, clientv3.LeaseID) {
+	t.Helper()
 	key := uniqueKey(t)
-	ao := &dlock.AcquireOptions{TTL: 6 * time.Second}
 	le, err := l.Acquire(t.Context(), key, ao)
 	if err != nil {
 		t.Fatal(err)
@@ -145,29 +161,28 @@ func TestPooledLeaseDeadline(t *testing.T) {
 	if err := le.Release(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Second) // a third of the TTL in the pool
+	between()
 	le, err = l.Acquire(t.Context(), key, ao)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return le, first.Lease
+}
+
+// deadlineWithinServer fails t (saying why, if so) unless le's Deadline
+// is within the server's expiry of its etcd lease. The server's remaining
+// TTL counts whole seconds, rounded down: one is allowed.
+func deadlineWithinServer(t *testing.T, admin *clientv3.Client, le *dlock.Lease, why string) {
+	t.Helper()
 	own, _ := etcd.OwnerOf(le)
-	if own.Lease != first.Lease {
-		t.Skipf("the pooled lease was not reused (%x, then %x)", first.Lease, own.Lease)
-	}
-	// The server's remaining TTL counts whole seconds, rounded down:
-	// allow one.
 	asked := time.Now()
 	ttl, err := admin.TimeToLive(t.Context(), own.Lease)
 	if err != nil {
 		t.Fatal(err)
 	}
-	serverEnd := asked.Add(time.Duration(ttl.TTL+1) * time.Second)
-	if dl := le.Deadline(); dl.After(serverEnd) {
-		t.Errorf("Deadline is %v after the server's expiry (remaining TTL %ds): the grant's TTL was counted from before the lease's last renewal",
-			dl.Sub(serverEnd).Round(time.Millisecond), ttl.TTL)
-	}
-	if err := le.Release(t.Context()); err != nil {
-		t.Fatal(err)
+	if serverEnd := asked.Add(time.Duration(ttl.TTL+1) * time.Second); le.Deadline().After(serverEnd) {
+		t.Errorf("Deadline is %v after the server's expiry (remaining TTL %ds): %s",
+			le.Deadline().Sub(serverEnd).Round(time.Millisecond), ttl.TTL, why)
 	}
 }
 
@@ -315,39 +330,20 @@ func TestFreshPooledLeaseNoKeepalive(t *testing.T) {
 	addr := c.Members[0].Addr()
 	admin := newClient(t, c.Endpoints())
 	_, l := ownDriver(t, c.Endpoints())
-	key := uniqueKey(t)
-	ao := &dlock.AcquireOptions{TTL: 10 * time.Second}
-	le, err := l.Acquire(t.Context(), key, ao)
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, _ := etcd.OwnerOf(le)
-	if err := le.Release(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	before := keepalivesReceived(t, addr)
-	le, err = l.Acquire(t.Context(), key, ao)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var before float64
+	le, first := reacquire(t, l, &dlock.AcquireOptions{TTL: 10 * time.Second}, func() {
+		before = keepalivesReceived(t, addr)
+	})
 	if n := keepalivesReceived(t, addr) - before; n != 0 {
 		t.Errorf("the acquire on a freshly renewed pooled lease sent %v keepalives, want 0", n)
 	}
-	own, _ := etcd.OwnerOf(le)
-	if own.Lease != first.Lease {
-		t.Fatalf("the pooled lease was not reused (%x, then %x)", first.Lease, own.Lease)
+	if own, _ := etcd.OwnerOf(le); own.Lease != first {
+		t.Fatalf("the pooled lease was not reused (%x, then %x)", first, own.Lease)
 	}
 	if ttl := le.TTL(); ttl > 10*time.Second || ttl < 9*time.Second {
 		t.Errorf("TTL %v, want what is left of the 10s lease", ttl)
 	}
-	asked := time.Now()
-	ttl, err := admin.TimeToLive(t.Context(), own.Lease)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if serverEnd := asked.Add(time.Duration(ttl.TTL+1) * time.Second); le.Deadline().After(serverEnd) {
-		t.Errorf("Deadline is %v after the server's expiry (remaining TTL %ds)", le.Deadline().Sub(serverEnd), ttl.TTL)
-	}
+	deadlineWithinServer(t, admin, le, "the grant's TTL is more than what was left of the lease")
 	if err := le.Release(t.Context()); err != nil {
 		t.Fatal(err)
 	}
