@@ -83,7 +83,7 @@ func flakyLeaseOnK(t *testing.T) (*memory.Store, *flakyDriver, *dlock.Lease) {
 	t.Helper()
 	s := memory.NewStore()
 	d := &flakyDriver{Driver: memory.NewDriver(s)}
-	l := dlock.New(d, nil)
+	l := mustNew(t, d, nil)
 	t.Cleanup(func() { l.Close() })
 	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 10 * time.Second})
 	if err != nil {
@@ -133,7 +133,7 @@ func TestReleaseLostReplyEndsLease(t *testing.T) {
 // before the backend is closed (TestMain's goleak check covers the rest).
 func TestCloseEndsLeasesItCannotRelease(t *testing.T) {
 	d := &flakyDriver{Driver: memory.NewDriver(memory.NewStore())}
-	l := dlock.New(d, nil)
+	l := mustNew(t, d, nil)
 	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 300 * time.Millisecond, AutoRefresh: true})
 	if err != nil {
 		t.Fatal(err)
@@ -171,7 +171,7 @@ func (d slowDriver) TryAcquire(ctx context.Context, key string, ttl time.Duratio
 // the server starts the TTL no earlier than it receives the request.
 func TestDeadlineCountsFromRequest(t *testing.T) {
 	const delay, ttl = 300 * time.Millisecond, 10 * time.Second
-	l := dlock.New(slowDriver{memory.NewDriver(memory.NewStore()), delay}, nil)
+	l := mustNew(t, slowDriver{memory.NewDriver(memory.NewStore()), delay}, nil)
 	defer l.Close()
 	before := time.Now()
 	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: ttl})
@@ -188,7 +188,7 @@ func TestDeadlineCountsFromRequest(t *testing.T) {
 // outlasted the TTL) must not hand out a lease that is lost already.
 func TestLateGrantIsGivenBack(t *testing.T) {
 	s := memory.NewStore()
-	l := dlock.New(slowDriver{memory.NewDriver(s), 150 * time.Millisecond}, nil)
+	l := mustNew(t, slowDriver{memory.NewDriver(s), 150 * time.Millisecond}, nil)
 	defer l.Close()
 	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 100 * time.Millisecond})
 	if !errors.Is(err, dlock.ErrUnavailable) {
@@ -202,7 +202,7 @@ func TestLateGrantIsGivenBack(t *testing.T) {
 // Leases that nobody releases or watches leave the Locker once expired,
 // swept by later acquires, so a long-lived Locker does not accumulate them.
 func TestAbandonedLeasesAreSwept(t *testing.T) {
-	l := memory.New(memory.NewStore(), nil)
+	l := mustMem(t, memory.NewStore(), nil)
 	defer l.Close()
 	for i := range 10 {
 		if _, err := l.TryAcquire(t.Context(), fmt.Sprint("abandoned/", i), &dlock.AcquireOptions{TTL: 20 * time.Millisecond}); err != nil {
@@ -256,7 +256,7 @@ func TestAcquireRetriesFailedAttempts(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := &failingDriver{Driver: memory.NewDriver(memory.NewStore()), fail: tc.fail}
-			l := dlock.New(d, nil)
+			l := mustNew(t, d, nil)
 			defer l.Close()
 			acquire := l.Acquire
 			if tc.try {
@@ -286,7 +286,7 @@ func TestAcquireRetriesFailedAttempts(t *testing.T) {
 // says both: the deadline, and the backend's failure.
 func TestAcquireDeadlineAfterFailedAttempt(t *testing.T) {
 	d := &failingDriver{Driver: memory.NewDriver(memory.NewStore()), fail: 100}
-	l := dlock.New(d, &dlock.Options{RetryMin: time.Second, RetryMax: time.Second})
+	l := mustNew(t, d, &dlock.Options{RetryMin: time.Second, RetryMax: time.Second})
 	defer l.Close()
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
@@ -327,7 +327,7 @@ func TestAcquireFailureDoesNotWatch(t *testing.T) {
 	for _, block := range []bool{false, true} {
 		t.Run(fmt.Sprint("block=", block), func(t *testing.T) {
 			d := &watchingFailingDriver{failingDriver: failingDriver{Driver: memory.NewDriver(memory.NewStore()), fail: 100}, block: block}
-			l := dlock.New(d, nil)
+			l := mustNew(t, d, nil)
 			defer l.Close()
 			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 			defer cancel()
@@ -355,7 +355,7 @@ func TestAcquireFailureDoesNotWatch(t *testing.T) {
 // ErrClosed (the Locker's doing), not ErrUnavailable.
 func TestCloseDuringFailureBackoff(t *testing.T) {
 	d := &failingDriver{Driver: memory.NewDriver(memory.NewStore()), fail: 100}
-	l := dlock.New(d, &dlock.Options{RetryMin: time.Minute, RetryMax: time.Minute})
+	l := mustNew(t, d, &dlock.Options{RetryMin: time.Minute, RetryMax: time.Minute})
 	done := make(chan error, 1)
 	go func() {
 		_, err := l.Acquire(t.Context(), "k", nil)
@@ -412,7 +412,7 @@ func hangingRefresh(t *testing.T) (*memory.Store, *dlock.Locker, *dlock.Lease) {
 	t.Helper()
 	s := memory.NewStore()
 	d := &hangingDriver{Driver: memory.NewDriver(s), entered: make(chan struct{})}
-	l := dlock.New(d, nil)
+	l := mustNew(t, d, nil)
 	t.Cleanup(func() { l.Close() })
 	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 3 * time.Second, AutoRefresh: true})
 	if err != nil {
@@ -539,7 +539,7 @@ func TestMaxHoldWithRoundedTTLs(t *testing.T) {
 }
 
 func testMaxHold(t *testing.T, d *roundingDriver, ttl, maxHold time.Duration) {
-	l := dlock.New(d, nil)
+	l := mustNew(t, d, nil)
 	defer l.Close()
 	start := time.Now()
 	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: ttl, AutoRefresh: true, MaxHold: maxHold})
@@ -569,7 +569,7 @@ func testMaxHold(t *testing.T, d *roundingDriver, ttl, maxHold time.Duration) {
 // any I/O.
 func TestMaxHoldBelowRoundedTTL(t *testing.T) {
 	d := &roundingDriver{Driver: memory.NewDriver(memory.NewStore()), res: 100 * time.Millisecond}
-	l := dlock.New(d, nil)
+	l := mustNew(t, d, nil)
 	defer l.Close()
 	_, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 250 * time.Millisecond, AutoRefresh: true, MaxHold: 250 * time.Millisecond})
 	if !errors.Is(err, dlock.ErrInvalidConfig) {
@@ -577,7 +577,7 @@ func TestMaxHoldBelowRoundedTTL(t *testing.T) {
 	}
 	// And one shorter than the least TTL the backend grants (its MinGrant).
 	d = &roundingDriver{Driver: memory.NewDriver(memory.NewStore()), res: 100 * time.Millisecond, floor: time.Second}
-	l = dlock.New(d, nil)
+	l = mustNew(t, d, nil)
 	defer l.Close()
 	_, err = l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 300 * time.Millisecond, AutoRefresh: true, MaxHold: 500 * time.Millisecond})
 	if !errors.Is(err, dlock.ErrInvalidConfig) {
@@ -627,7 +627,7 @@ func (l *lossLease) Release(ctx context.Context) error {
 // Done open until the Release gave up.)
 func TestLossReportedDuringRelease(t *testing.T) {
 	d := &lossDriver{Driver: memory.NewDriver(memory.NewStore()), lost: make(chan struct{}), entered: make(chan struct{})}
-	l := dlock.New(d, nil)
+	l := mustNew(t, d, nil)
 	defer l.Close()
 	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: time.Minute})
 	if err != nil {
@@ -657,7 +657,7 @@ func TestLossReportedDuringRelease(t *testing.T) {
 // test saw 1,000 more.)
 func TestLeaseContext(t *testing.T) {
 	s := memory.NewStore()
-	l := memory.New(s, nil)
+	l := mustMem(t, s, nil)
 	defer l.Close()
 	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: time.Minute})
 	if err != nil {

@@ -37,12 +37,19 @@ func Example() {
 func ExampleLocker_TryAcquire() {
 	ctx := context.Background()
 	store := memory.NewStore()
-	a, b := memory.New(store, nil), memory.New(store, nil)
+	a, err := memory.New(store, nil)
+	if err != nil {
+		panic(err)
+	}
+	b, err := memory.New(store, nil)
+	if err != nil {
+		panic(err)
+	}
 	defer a.Close()
 	defer b.Close()
 
 	lease, _ := a.TryAcquire(ctx, "report", &dlock.AcquireOptions{TTL: time.Minute})
-	_, err := b.TryAcquire(ctx, "report", nil)
+	_, err = b.TryAcquire(ctx, "report", nil)
 	fmt.Println(errors.Is(err, dlock.ErrNotAcquired), err)
 
 	_ = lease.Release(ctx)
@@ -56,7 +63,10 @@ func ExampleLocker_TryAcquire() {
 func ExampleLease_Context() {
 	ctx := context.Background()
 	store := memory.NewStore()
-	locker := memory.New(store, nil)
+	locker, err := memory.New(store, nil)
+	if err != nil {
+		panic(err)
+	}
 	defer locker.Close()
 
 	lease, _ := locker.Acquire(ctx, "job", &dlock.AcquireOptions{TTL: time.Minute, AutoRefresh: true})

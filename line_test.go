@@ -34,7 +34,7 @@ func TestWaitersSingleFlight(t *testing.T) {
 	const n = 200
 	s := memory.NewStore()
 	d := &countingDriver{Driver: memory.NewDriver(s)}
-	l := dlock.New(d, nil)
+	l := mustNew(t, d, nil)
 	defer l.Close()
 	ctx := t.Context()
 	ao := &dlock.AcquireOptions{TTL: time.Minute}
@@ -150,7 +150,7 @@ func TestLineNewHeadAttemptsAfterStaleAttempt(t *testing.T) {
 		}
 		return nil
 	}}
-	l := dlock.New(d, &dlock.Options{RetryMax: time.Hour})
+	l := mustNew(t, d, &dlock.Options{RetryMax: time.Hour})
 	defer l.Close()
 	ao := &dlock.AcquireOptions{TTL: time.Minute}
 	holder, err := l.TryAcquire(t.Context(), "k", ao)

@@ -16,6 +16,21 @@
 // the lease-lost signal, the closed state, and errors that name the
 // operation and key.
 //
+// Configuration takes one path, in the manner of gocloud.dev: [Open] hands
+// the URL to [DefaultURLMux], where each imported backend package has
+// registered its URLOpener (redis.URLOpener, etcd.URLOpener, ...). A
+// program that wants its own client, Logger or Options opens URLs through a
+// [URLMux] of its own:
+//
+//	mux := new(dlock.URLMux)
+//	mux.RegisterLocker("redis", &redis.URLOpener{Client: rdb, Options: redis.Options{Locker: &dlock.Options{Logger: log}}})
+//	locker, err := mux.OpenLocker(ctx, "redis://app?ttl=10s")
+//
+// Backend constructors (redis.New, etcd.New, ...) and [New] check Options
+// before any I/O and return an error matching ErrInvalidConfig or
+// ErrInvalidTTL for a bad one. [Options].Logger is the one logger: the
+// Locker and its backend log there.
+//
 // A lock is only as safe as the backend's [Guarantees] say. A lease can be
 // lost without the holder noticing in time (a process pause, a clock jump,
 // a slow network): Done may fire late. Only a resource that checks the
@@ -29,6 +44,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"sync"
@@ -103,8 +119,11 @@ type Options struct {
 	// 0.5. Default DefaultDriftFactor (0.01); a backend whose algorithm
 	// assumes more (Redlock's drift_factor) raises it to its own.
 	DriftFactor float64
-	// Logger receives warnings (failed background refreshes, failed
-	// releases at Close). Default slog.Default().
+	// Logger receives the Locker's warnings (failed background refreshes,
+	// failed releases at Close) and its backend's (each backend package
+	// says what it logs): the backend constructors and URLOpeners hand it
+	// to the backend. A normal Close logs nothing above Debug. Default
+	// slog.Default().
 	Logger *slog.Logger
 }
 
@@ -137,7 +156,6 @@ type Locker struct {
 	drv    backend.Driver
 	limits backend.Limits
 	opts   Options
-	cfgErr error // a bad Options field, returned by every acquire
 	log    *slog.Logger
 
 	closing   context.Context // cancelled by Close
@@ -162,25 +180,23 @@ type Locker struct {
 // constructors that call it (for example redis.New); use New directly only
 // to wrap a driver of your own. Zero fields of opts take their defaults; a
 // field out of range (a negative duration, DriftFactor of 0.5 or more,
-// RetryMax below RetryMin, a TTL outside the backend's limits) makes every
-// acquire fail with an error matching ErrInvalidConfig or ErrInvalidTTL,
-// before any I/O.
-func New(d backend.Driver, opts *Options) *Locker {
+// RetryMax below RetryMin, a TTL outside the backend's limits) is an error
+// matching ErrInvalidConfig or ErrInvalidTTL, and New then returns no
+// Locker (d stays open: it is the caller's to close).
+func New(d backend.Driver, opts *Options) (*Locker, error) {
+	if d == nil {
+		return nil, fmt.Errorf("%w: nil driver", ErrInvalidConfig)
+	}
 	l := &Locker{drv: d, limits: d.Limits(), closeDone: make(chan struct{}), epoch: time.Now()}
-	l.wd.l = l
-	l.closing, l.close = context.WithCancel(context.Background())
 	if opts != nil {
 		l.opts = *opts
 	}
 	o := &l.opts
-	switch {
-	case o.TTL < 0 || o.RetryMin < 0 || o.RetryMax < 0:
-		l.cfgErr = fmt.Errorf("%w: negative duration in Options (TTL %v, RetryMin %v, RetryMax %v)", ErrInvalidConfig, o.TTL, o.RetryMin, o.RetryMax)
-	case o.DriftFactor < 0 || o.DriftFactor >= 0.5:
-		l.cfgErr = fmt.Errorf("%w: Options.DriftFactor %v: want 0 (default) up to 0.5", ErrInvalidConfig, o.DriftFactor)
-	case o.RetryMin > 0 && o.RetryMax > 0 && o.RetryMax < o.RetryMin:
-		l.cfgErr = fmt.Errorf("%w: Options.RetryMax %v is below RetryMin %v", ErrInvalidConfig, o.RetryMax, o.RetryMin)
+	if err := o.check(l.limits); err != nil {
+		return nil, err
 	}
+	l.wd.l = l
+	l.closing, l.close = context.WithCancel(context.Background())
 	if o.TTL == 0 {
 		o.TTL = DefaultTTL
 		if m := l.limits.MaxTTL; m > 0 && m < o.TTL {
@@ -199,14 +215,27 @@ func New(d backend.Driver, opts *Options) *Locker {
 	if df, ok := d.(backend.Drifter); ok && df.DriftFactor() > o.DriftFactor {
 		o.DriftFactor = df.DriftFactor() // the backend's algorithm needs more room
 	}
-	if l.cfgErr == nil {
-		l.cfgErr = l.checkTTL(o.TTL)
-	}
 	l.log = o.Logger
 	if l.log == nil {
 		l.log = slog.Default()
 	}
-	return l
+	return l, nil
+}
+
+// check validates the fields of o against a backend's limits, without I/O.
+// A zero field (a default) is valid.
+func (o *Options) check(lim Limits) error {
+	switch {
+	case o.TTL < 0 || o.RetryMin < 0 || o.RetryMax < 0:
+		return fmt.Errorf("%w: negative duration in Options (TTL %v, RetryMin %v, RetryMax %v)", ErrInvalidConfig, o.TTL, o.RetryMin, o.RetryMax)
+	case o.DriftFactor < 0 || o.DriftFactor >= 0.5 || math.IsNaN(o.DriftFactor):
+		return fmt.Errorf("%w: Options.DriftFactor %v: want 0 (default) up to 0.5", ErrInvalidConfig, o.DriftFactor)
+	case o.RetryMin > 0 && o.RetryMax > 0 && o.RetryMax < o.RetryMin:
+		return fmt.Errorf("%w: Options.RetryMax %v is below RetryMin %v", ErrInvalidConfig, o.RetryMax, o.RetryMin)
+	case o.TTL > 0:
+		return checkTTL(o.TTL, lim)
+	}
+	return nil
 }
 
 // Guarantees reports what the backend promises. WakesWaiters is filled in
@@ -537,9 +566,6 @@ func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) error {
 
 // check validates key and options before any I/O and fills in defaults.
 func (l *Locker) check(key string, ao *AcquireOptions) error {
-	if l.cfgErr != nil {
-		return l.cfgErr
-	}
 	if err := l.checkKey(key); err != nil {
 		return err
 	}
@@ -596,15 +622,18 @@ func (l *Locker) checkKey(key string) error {
 	return l.drv.ValidateKey(key)
 }
 
-func (l *Locker) checkTTL(ttl time.Duration) error {
-	floor := max(MinTTL, l.limits.MinTTL)
+func (l *Locker) checkTTL(ttl time.Duration) error { return checkTTL(ttl, l.limits) }
+
+// checkTTL checks ttl against dlock's floor and a backend's limits.
+func checkTTL(ttl time.Duration, lim Limits) error {
+	floor := max(MinTTL, lim.MinTTL)
 	switch {
 	case ttl < 0:
 		return fmt.Errorf("%w: %v is negative", ErrInvalidTTL, ttl)
 	case ttl < floor:
 		return fmt.Errorf("%w: %v is below the floor of %v", ErrInvalidTTL, ttl, floor)
-	case l.limits.MaxTTL > 0 && ttl > l.limits.MaxTTL:
-		return fmt.Errorf("%w: %v is above the backend's ceiling of %v", ErrInvalidTTL, ttl, l.limits.MaxTTL)
+	case lim.MaxTTL > 0 && ttl > lim.MaxTTL:
+		return fmt.Errorf("%w: %v is above the backend's ceiling of %v", ErrInvalidTTL, ttl, lim.MaxTTL)
 	}
 	return nil
 }

@@ -9,7 +9,7 @@ import (
 )
 
 // Purpose says what a lock is for. Opening a Locker for a purpose its
-// backend cannot deliver fails (see [Open] and [Purpose.Check]), so that
+// backend cannot deliver fails (see [URLMux.OpenLockerURL] and [Purpose.Check]), so that
 // choosing a backend stays a configuration change that cannot silently
 // weaken a lock that protects data.
 type Purpose string
@@ -55,7 +55,7 @@ func (p Purpose) Check(g Guarantees) error {
 
 // unsafeOverrideParam is the URL parameter that lets a Locker be opened for
 // correctness on a backend that cannot serve it. It is named so that no one
-// sets it by accident, and Open logs a warning when it is used.
+// sets it by accident, and the mux logs a warning when it is used.
 const unsafeOverrideParam = "unsafe_accept_clock_dependent_lock"
 
 // Config is an application's lock configuration, one URL per purpose, as
@@ -75,16 +75,21 @@ type Config struct {
 	// Correctness is the URL of the Locker for locks that protect data.
 	// Opening it fails unless the backend serves correctness.
 	Correctness string `json:"correctness"`
+	// Mux opens the URLs. Default nil: [DefaultURLMux], where imported
+	// backend packages register their schemes. Set it to open them with
+	// clients, Loggers or Options of the program's own (see [URLMux]).
+	Mux *URLMux `json:"-"`
 }
 
 // ConfigFromEnv reads a Config from DLOCK_EFFICIENCY_URL and
-// DLOCK_CORRECTNESS_URL.
+// DLOCK_CORRECTNESS_URL (Mux nil: the default mux).
 func ConfigFromEnv() Config {
 	return Config{Efficiency: os.Getenv("DLOCK_EFFICIENCY_URL"), Correctness: os.Getenv("DLOCK_CORRECTNESS_URL")}
 }
 
 // Open opens the Locker for purpose p: the URL configured for it, opened
-// with purpose=p, so that [Open] refuses a backend that cannot serve it.
+// with purpose=p by c.Mux (default [DefaultURLMux]), so that the mux
+// refuses a backend that cannot serve it.
 // A purpose without a URL is an error wrapping ErrInvalidConfig.
 func (c Config) Open(ctx context.Context, p Purpose) (*Locker, error) {
 	var raw string
@@ -99,15 +104,22 @@ func (c Config) Open(ctx context.Context, p Purpose) (*Locker, error) {
 	if raw == "" {
 		return nil, opErr("open", "", fmt.Errorf("%w: no URL configured for purpose %q", ErrInvalidConfig, p))
 	}
+	mux := c.Mux
+	if mux == nil {
+		mux = DefaultURLMux()
+	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		return Open(ctx, raw) // Open reports the bad URL without its password
+		return mux.OpenLocker(ctx, raw) // which reports the bad URL without its password
 	}
-	q := u.Query()
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, opErr("open", "", fmt.Errorf("%w: query of %s: %w", ErrInvalidConfig, u.Redacted(), err))
+	}
 	if v, ok := q["purpose"]; ok && (len(v) != 1 || v[0] != string(p)) {
 		return nil, opErr("open", "", fmt.Errorf("%w: the URL configured for purpose %q says purpose=%s", ErrInvalidConfig, p, strings.Join(v, ",")))
 	}
 	q.Set("purpose", string(p))
 	u.RawQuery = q.Encode()
-	return Open(ctx, u.String())
+	return mux.OpenLockerURL(ctx, u)
 }

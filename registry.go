@@ -13,78 +13,88 @@ import (
 	"github.com/dlock-go/dlock/backend"
 )
 
-// Opener builds a backend driver from a URL. Package dlock has already taken
-// out the parameters every backend shares (ttl); the opener must reject any
-// parameter left that it does not know, with an error wrapping
+// URLOpener opens a Locker from a URL. Each backend package has one (for
+// example redis.URLOpener), which its init registers on [DefaultURLMux];
+// a program that wants its own client, Logger or Options registers its own
+// on a [URLMux] of its own.
+//
+// The URL an opener receives from a URLMux no longer holds the parameters
+// the mux owns (purpose, unsafe_accept_clock_dependent_lock). The opener
+// takes the Locker's parameters (ttl) with [OptionsFromURL], and must
+// reject any parameter left that it does not know, with an error wrapping
 // ErrInvalidConfig, before any I/O.
-type Opener func(ctx context.Context, u *url.URL) (backend.Driver, error)
+type URLOpener interface {
+	OpenLockerURL(ctx context.Context, u *url.URL) (*Locker, error)
+}
 
-var (
-	registryMu sync.RWMutex
-	registry   = map[string]Opener{}
-)
+// GuaranteesDeclarer is an optional interface of a [URLOpener]: Guarantees
+// reports what every Locker it opens promises at best (its fencing grade
+// and whether it depends on clocks), so that a URLMux refuses a purpose the
+// backend cannot serve before any I/O. Without it the mux checks the
+// Locker's Guarantees after opening.
+type GuaranteesDeclarer interface {
+	Guarantees() Guarantees
+}
 
-// Register makes a backend available to Open under a URL scheme. Backend
-// packages call it from init, so importing one (for its side effect, with
-// the blank identifier if need be) is enough. Register panics if open is nil
-// or the scheme is registered already.
-func Register(scheme string, open Opener) {
+// URLMux maps URL schemes to URLOpeners. Its zero value is an empty mux,
+// ready to use. It is safe for concurrent use.
+type URLMux struct {
+	mu      sync.RWMutex
+	openers map[string]URLOpener
+}
+
+var defaultURLMux = new(URLMux)
+
+// DefaultURLMux returns the URLMux that [Open] uses. Backend packages
+// register their schemes on it from init, so importing one (for its side
+// effect, with the blank identifier if need be) is enough.
+func DefaultURLMux() *URLMux { return defaultURLMux }
+
+// RegisterLocker makes opener open the URLs of scheme (case-insensitive).
+// It panics if opener is nil, the scheme is empty, or the scheme is
+// registered already.
+func (m *URLMux) RegisterLocker(scheme string, opener URLOpener) {
 	scheme = strings.ToLower(scheme)
-	if open == nil {
-		panic("dlock: Register opener is nil for scheme " + scheme)
+	if scheme == "" {
+		panic("dlock: RegisterLocker with an empty scheme")
 	}
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	if _, dup := registry[scheme]; dup {
-		panic("dlock: Register called twice for scheme " + scheme)
+	if opener == nil || isNil(opener) {
+		panic("dlock: RegisterLocker opener is nil for scheme " + scheme)
 	}
-	registry[scheme] = open
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, dup := m.openers[scheme]; dup {
+		panic("dlock: RegisterLocker called twice for scheme " + scheme)
+	}
+	if m.openers == nil {
+		m.openers = map[string]URLOpener{}
+	}
+	m.openers[scheme] = opener
 }
 
-var (
-	declaredMu sync.RWMutex
-	declared   = map[string]Guarantees{}
-)
-
-// RegisterGuarantees records what every Locker opened from scheme promises
-// at best (its fencing grade and whether it depends on clocks), so that
-// [Open] can refuse a purpose the backend cannot serve before any I/O.
-// Backend packages call it from init, next to [Register]; without it Open
-// checks the Locker's Guarantees after opening.
-func RegisterGuarantees(scheme string, g Guarantees) {
-	declaredMu.Lock()
-	defer declaredMu.Unlock()
-	declared[strings.ToLower(scheme)] = g
+// ValidLockerScheme reports whether scheme (case-insensitive) is
+// registered.
+func (m *URLMux) ValidLockerScheme(scheme string) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	_, ok := m.openers[strings.ToLower(scheme)]
+	return ok
 }
 
-// Schemes returns the registered URL schemes, sorted.
-func Schemes() []string {
-	registryMu.RLock()
-	defer registryMu.RUnlock()
-	s := make([]string, 0, len(registry))
-	for k := range registry {
+// LockerSchemes returns the registered URL schemes, sorted.
+func (m *URLMux) LockerSchemes() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	s := make([]string, 0, len(m.openers))
+	for k := range m.openers {
 		s = append(s, k)
 	}
 	slices.Sort(s)
 	return s
 }
 
-// Open returns a Locker for a URL such as "redis://localhost:6379?ttl=10s"
-// or "mem://". The scheme picks the backend, which must be registered (by
-// importing its package). Parameters every backend accepts:
-//
-//	ttl      default lease TTL (Options.TTL), a Go duration such as 10s
-//	purpose  efficiency (the default) or correctness: what the lock is
-//	         for. Opening a backend for correctness fails unless its
-//	         Guarantees report consensus fencing and no clock dependence
-//	         (etcd, ZooKeeper); see [Purpose].
-//	unsafe_accept_clock_dependent_lock
-//	         true opens it anyway (logged as a warning), for those who
-//	         accept the risk
-//
-// Each backend documents its own parameters; an unknown one is an error
-// matching ErrInvalidConfig, as is an unknown scheme.
-func Open(ctx context.Context, rawURL string) (*Locker, error) {
+// OpenLocker parses rawURL and opens it with [URLMux.OpenLockerURL].
+func (m *URLMux) OpenLocker(ctx context.Context, rawURL string) (*Locker, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		// A url.Error quotes the whole URL, password included.
@@ -94,22 +104,39 @@ func Open(ctx context.Context, rawURL string) (*Locker, error) {
 		}
 		return nil, opErr("open", "", fmt.Errorf("%w: bad URL: %w", ErrInvalidConfig, err))
 	}
-	registryMu.RLock()
-	open, ok := registry[strings.ToLower(u.Scheme)]
-	registryMu.RUnlock()
+	return m.OpenLockerURL(ctx, u)
+}
+
+// OpenLockerURL returns a Locker for u, opened by the URLOpener registered
+// for its scheme. The mux takes out the parameters it owns:
+//
+//	purpose  efficiency (the default) or correctness: what the lock is
+//	         for. Opening a backend for correctness fails unless its
+//	         Guarantees report consensus fencing and no clock dependence
+//	         (etcd, ZooKeeper); see [Purpose]. An opener that declares
+//	         its Guarantees ([GuaranteesDeclarer]) is refused before any
+//	         I/O.
+//	unsafe_accept_clock_dependent_lock
+//	         true opens it anyway (logged as a warning by the Locker's
+//	         Logger), for those who accept the risk
+//
+// and hands the rest to the opener. Errors are *OpError values (Op "open")
+// wrapping the cause; an unknown scheme or a malformed URL matches
+// ErrInvalidConfig.
+func (m *URLMux) OpenLockerURL(ctx context.Context, u *url.URL) (*Locker, error) {
+	if u == nil {
+		return nil, opErr("open", "", fmt.Errorf("%w: nil URL", ErrInvalidConfig))
+	}
+	m.mu.RLock()
+	opener, ok := m.openers[strings.ToLower(u.Scheme)]
+	m.mu.RUnlock()
 	if !ok {
 		return nil, opErr("open", "", fmt.Errorf("%w: unknown scheme %q in %s (registered: %s; forgotten import?)",
-			ErrInvalidConfig, u.Scheme, u.Redacted(), strings.Join(Schemes(), ", ")))
+			ErrInvalidConfig, u.Scheme, u.Redacted(), strings.Join(m.LockerSchemes(), ", ")))
 	}
-	q := u.Query()
-	var opts Options
-	if v, ok := q["ttl"]; ok {
-		d, err := time.ParseDuration(v[0])
-		if err != nil || d < MinTTL || len(v) > 1 {
-			return nil, opErr("open", "", fmt.Errorf("%w: parameter ttl=%q: want one duration of at least %v, such as 10s", ErrInvalidConfig, v[0], MinTTL))
-		}
-		opts.TTL = d
-		q.Del("ttl")
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, opErr("open", "", fmt.Errorf("%w: query of %s: %w", ErrInvalidConfig, u.Redacted(), err))
 	}
 	purpose := Efficiency
 	if v, ok := q["purpose"]; ok {
@@ -127,32 +154,111 @@ func Open(ctx context.Context, rawURL string) (*Locker, error) {
 		override = v[0] == "true"
 		q.Del(unsafeOverrideParam)
 	}
-	declaredMu.RLock()
-	g, known := declared[strings.ToLower(u.Scheme)]
-	declaredMu.RUnlock()
-	if known && !override {
-		if err := purpose.Check(g); err != nil {
+	if d, ok := opener.(GuaranteesDeclarer); ok && !override {
+		if err := purpose.Check(d.Guarantees()); err != nil {
 			return nil, opErr("open", "", err) // before any I/O
 		}
 	}
 	rest := *u
 	rest.RawQuery = q.Encode()
-	d, err := open(ctx, &rest)
+	l, err := opener.OpenLockerURL(ctx, &rest)
 	if err != nil {
+		var oe *OpError
+		if errors.As(err, &oe) && oe.Op == "open" {
+			return nil, err
+		}
 		return nil, opErr("open", "", err)
 	}
-	l := New(d, &opts)
-	if l.cfgErr != nil {
-		_ = d.Close()
-		return nil, opErr("open", "", l.cfgErr)
+	if l == nil {
+		return nil, opErr("open", "", fmt.Errorf("%w: the opener of scheme %q returned no Locker", ErrInvalidConfig, u.Scheme))
 	}
 	if err := purpose.Check(l.Guarantees()); err != nil {
 		if !override {
-			_ = d.Close()
+			_ = l.Close()
 			return nil, opErr("open", "", err)
 		}
 		l.log.Warn("dlock: opened a lock for correctness on a backend that cannot guarantee it, as "+unsafeOverrideParam+"=true asks",
 			"scheme", u.Scheme, "reason", err)
+	}
+	return l, nil
+}
+
+// Open returns a Locker for a URL such as "redis://localhost:6379?ttl=10s"
+// or "mem://", opened by [DefaultURLMux] (see [URLMux.OpenLockerURL] for
+// the parameters the mux owns). The scheme picks the backend, which must be
+// registered (by importing its package). Parameters every backend accepts:
+//
+//	ttl      default lease TTL (Options.TTL), a Go duration such as 10s
+//	purpose  efficiency (the default) or correctness; see [Purpose]
+//	unsafe_accept_clock_dependent_lock
+//	         true opens a lock for correctness on a backend that cannot
+//	         serve it (logged as a warning)
+//
+// Each backend documents its own parameters; an unknown one is an error
+// matching ErrInvalidConfig, as is an unknown scheme. To open a URL with a
+// client, Logger or Options of your own, register the backend's URLOpener
+// on a URLMux of your own.
+func Open(ctx context.Context, rawURL string) (*Locker, error) {
+	return defaultURLMux.OpenLocker(ctx, rawURL)
+}
+
+// OptionsFromURL takes the Locker's parameters out of u's query and
+// applies them to a copy of base (nil: all defaults), checked as [New]
+// checks Options (the TTL against dlock's floor only). It returns the
+// Options and u without those parameters, for the backend to parse the
+// rest; it does no I/O. Every backend's URLOpener calls it, so the URL
+// parameters and the Options fields share one validation. The parameter:
+//
+//	ttl  default lease TTL (Options.TTL), a Go duration such as 10s
+//
+// Errors wrap ErrInvalidConfig (a malformed query, a repeated or empty
+// parameter, a bad value) or ErrInvalidTTL (a bad base TTL).
+func OptionsFromURL(u *url.URL, base *Options) (*Options, *url.URL, error) {
+	var o Options
+	if base != nil {
+		o = *base
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: query of %s: %w", ErrInvalidConfig, u.Redacted(), err)
+	}
+	if v, ok := q["ttl"]; ok {
+		d, err := time.ParseDuration(v[0])
+		if err != nil || d < MinTTL || len(v) > 1 {
+			return nil, nil, fmt.Errorf("%w: parameter ttl=%q: want one duration of at least %v, such as 10s", ErrInvalidConfig, v[0], MinTTL)
+		}
+		o.TTL = d
+		q.Del("ttl")
+	}
+	if err := o.check(Limits{}); err != nil {
+		return nil, nil, err
+	}
+	rest := *u
+	rest.RawQuery = q.Encode()
+	return &o, &rest, nil
+}
+
+// Build is how a backend's constructor makes a Locker, so that bad Options
+// are an error before any I/O: it checks opts as [New] does, with the TTL
+// against lim (the backend's limits known without asking its servers),
+// then calls newDriver and wraps the driver with New. If New refuses the
+// Options on the limits the driver reports (learned from the servers), the
+// driver is closed and New's error returned. newDriver's error is returned
+// as it is.
+func Build(opts *Options, lim Limits, newDriver func() (backend.Driver, error)) (*Locker, error) {
+	if opts != nil {
+		if err := opts.check(lim); err != nil {
+			return nil, err
+		}
+	}
+	d, err := newDriver()
+	if err != nil {
+		return nil, err
+	}
+	l, err := New(d, opts)
+	if err != nil {
+		_ = d.Close()
+		return nil, err
 	}
 	return l, nil
 }

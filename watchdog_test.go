@@ -51,7 +51,7 @@ func (d *batchDriver) counts() (batches, leases, largest int) {
 func TestWatchdogBatchesRefreshes(t *testing.T) {
 	const n = 2000
 	d := &batchDriver{Driver: memory.NewDriver(memory.NewStore())}
-	l := dlock.New(d, nil)
+	l := mustNew(t, d, nil)
 	defer l.Close()
 	before := runtime.NumGoroutine()
 	ao := &dlock.AcquireOptions{TTL: 600 * time.Millisecond, AutoRefresh: true, MaxHold: time.Hour}
@@ -135,7 +135,7 @@ func (d *slowBatchDriver) RefreshBatch(ctx context.Context, reqs []backend.Refre
 // the cancel at once: the batch was cancelled.
 func TestReleaseWaitsForNormalBatch(t *testing.T) {
 	d := &slowBatchDriver{batchDriver: batchDriver{Driver: memory.NewDriver(memory.NewStore())}, delay: 100 * time.Millisecond, entered: make(chan struct{}, 1)}
-	l := dlock.New(d, nil)
+	l := mustNew(t, d, nil)
 	defer l.Close()
 	// TTL 3 s: the batch's patience is 500 ms, well past its 100 ms.
 	ao := &dlock.AcquireOptions{TTL: 3 * time.Second, AutoRefresh: true}
@@ -193,7 +193,7 @@ func hangingBatchOfTwo(t *testing.T) (*memory.Store, *hangingBatchDriver, *dlock
 	t.Helper()
 	s := memory.NewStore()
 	d := &hangingBatchDriver{Driver: memory.NewDriver(s), entered: make(chan int, 10), ended: make(chan error, 10)}
-	l := dlock.New(d, nil)
+	l := mustNew(t, d, nil)
 	t.Cleanup(func() { l.Close() })
 	ao := &dlock.AcquireOptions{TTL: 3 * time.Second, AutoRefresh: true}
 	var leases [2]*dlock.Lease

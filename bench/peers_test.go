@@ -244,7 +244,7 @@ func redisLibs(b *testing.B) []lib {
 			return func(key string) lockFunc { return redsyncLock(rs, "redsync:"+key) }
 		}},
 		{"dlock", func(b *testing.B) func(string) lockFunc {
-			l, err := redis.New(b.Context(), newRedisClient(b, addr), &redis.Options{Logger: quiet, Locker: &dlock.Options{Logger: quiet}})
+			l, err := redis.New(b.Context(), newRedisClient(b, addr), &redis.Options{Locker: &dlock.Options{Logger: quiet}})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -389,7 +389,7 @@ func zkLibs(b *testing.B) []lib {
 			}
 		}},
 		{"dlock", func(b *testing.B) func(string) lockFunc {
-			l, err := zookeeper.New(b.Context(), srv, &zookeeper.Options{SessionTimeout: zkSession, Logger: quiet, Locker: &dlock.Options{Logger: quiet}})
+			l, err := zookeeper.New(b.Context(), srv, &zookeeper.Options{SessionTimeout: zkSession, Locker: &dlock.Options{Logger: quiet}})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -43,7 +43,7 @@ var scaleBackends = []scaleBackend{
 	{"redis", func(tb testing.TB) (func(testing.TB) *dlock.Locker, func(context.Context) (serverStats, error)) {
 		addr := servers.Redis(tb, 1)[0].Addr()
 		return func(tb testing.TB) *dlock.Locker {
-			l, err := redis.New(tb.Context(), newRedisClient(tb, addr), &redis.Options{Logger: quiet, Locker: &dlock.Options{Logger: quiet}})
+			l, err := redis.New(tb.Context(), newRedisClient(tb, addr), &redis.Options{Locker: &dlock.Options{Logger: quiet}})
 			if err != nil {
 				tb.Fatal(err)
 			}
@@ -83,7 +83,7 @@ var scaleBackends = []scaleBackend{
 	{"zookeeper", func(tb testing.TB) (func(testing.TB) *dlock.Locker, func(context.Context) (serverStats, error)) {
 		srv := servers.ZooKeeper(tb, 1).Servers()
 		return func(tb testing.TB) *dlock.Locker {
-			l, err := zookeeper.New(tb.Context(), srv, &zookeeper.Options{SessionTimeout: zkSession, Logger: quiet, Locker: &dlock.Options{Logger: quiet}})
+			l, err := zookeeper.New(tb.Context(), srv, &zookeeper.Options{SessionTimeout: zkSession, Locker: &dlock.Options{Logger: quiet}})
 			if err != nil {
 				tb.Fatal(err)
 			}

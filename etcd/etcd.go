@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -54,7 +55,9 @@ type Options struct {
 	// [DefaultRequestTimeout] (5s); negative is an error.
 	RequestTimeout time.Duration
 	// Locker configures the Locker that [New] returns (TTL, retries,
-	// drift factor, logger). Nil means defaults.
+	// drift factor, logger). Nil means defaults. Its Logger also receives
+	// the backend's warnings (a broken watch on the prefix; default
+	// slog.Default()): the one field NewDriver reads.
 	Locker *dlock.Options
 }
 
@@ -67,6 +70,7 @@ type Driver struct {
 	members    int
 	minGrant   time.Duration // the server's least lease TTL, learned by NewDriver
 	ownsClient bool
+	log        *slog.Logger
 
 	ctx    context.Context // cancelled by Close: ends the prefix watch and the keepalive stream
 	cancel context.CancelFunc
@@ -83,22 +87,19 @@ type Driver struct {
 
 // New checks opts, asks the cluster for its member list (to report how
 // many failures it tolerates) and for a probe lease (to learn the least TTL
-// it grants), and returns a Locker over client configured by opts.Locker.
-// Each of these requests is bounded by opts.RequestTimeout; a probe lease
-// that cannot be revoked is left to run out (seconds). It does not take
-// ownership of client: closing the Locker leaves the client open. Errors
-// wrap [backend.ErrInvalidConfig] (before any I/O) or
+// it grants), and returns a Locker over client configured by opts.Locker
+// (whose Logger the backend logs to as well). Each of these requests is
+// bounded by opts.RequestTimeout; a probe lease that cannot be revoked is
+// left to run out (seconds). It does not take ownership of client: closing
+// the Locker leaves the client open. Errors wrap [backend.ErrInvalidConfig]
+// (bad options, opts.Locker included, before any I/O) or
 // [backend.ErrUnavailable].
 func New(ctx context.Context, client *clientv3.Client, opts *Options) (*dlock.Locker, error) {
-	d, err := NewDriver(ctx, client, opts)
-	if err != nil {
-		return nil, err
-	}
 	var lo *dlock.Options
 	if opts != nil {
 		lo = opts.Locker
 	}
-	return dlock.New(d, lo), nil
+	return dlock.Build(lo, limits, func() (backend.Driver, error) { return NewDriver(ctx, client, opts) })
 }
 
 // NewDriver is [New] without the Locker: it returns the backend driver, for
@@ -120,7 +121,10 @@ func NewDriver(ctx context.Context, client *clientv3.Client, opts *Options) (*Dr
 	case o.RequestTimeout == 0:
 		o.RequestTimeout = DefaultRequestTimeout
 	}
-	d := &Driver{client: client, prefix: o.Prefix, timeout: o.RequestTimeout}
+	d := &Driver{client: client, prefix: o.Prefix, timeout: o.RequestTimeout, log: slog.Default()}
+	if o.Locker != nil && o.Locker.Logger != nil {
+		d.log = o.Locker.Logger
+	}
 	resp, err := call(ctx, d, "listing the cluster members", func(ctx context.Context) (*clientv3.MemberListResponse, error) {
 		return client.MemberList(ctx)
 	})
@@ -190,8 +194,13 @@ func (d *Driver) ValidateKey(string) error { return nil }
 // 2s with the default settings) to that floor, which NewDriver learns from a
 // probe grant (MinGrant); Lease.TTL reports what it granted.
 func (d *Driver) Limits() backend.Limits {
-	return backend.Limits{MinTTL: time.Second, MaxTTL: maxTTL, Resolution: time.Second, MinGrant: d.minGrant}
+	lim := limits
+	lim.MinGrant = d.minGrant
+	return lim
 }
+
+// limits are the Driver's Limits known before any I/O.
+var limits = backend.Limits{MinTTL: time.Second, MaxTTL: maxTTL, Resolution: time.Second}
 
 // Guarantees: consensus-grade fencing (create revisions), FIFO, and a
 // majority of the members must be up.

@@ -372,7 +372,7 @@ func TestReleaseAfterUnsettledMove(t *testing.T) {
 			paused = true
 			return errors.New("test: the answer to the move was lost")
 		})
-		l := dlock.New(d, nil)
+		l := mustNew(t, d, nil)
 		t.Cleanup(func() { _ = l.Close() })
 		le, err := l.Acquire(t.Context(), uniqueKey(t), &dlock.AcquireOptions{TTL: 10 * time.Second})
 		if err != nil {

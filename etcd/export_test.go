@@ -1,5 +1,11 @@
 package etcd
 
+import (
+	"net/url"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
 // OwnClient makes d close its client on Close, as a driver opened from a URL
 // does; the tests give every Locker its own client, as separate processes
 // would have.
@@ -8,8 +14,8 @@ func OwnClient(d *Driver) { d.ownsClient = true }
 // Dir is the etcd key prefix of key's queue.
 func Dir(d *Driver, key string) string { return d.dir(key) }
 
-// ParseURL exposes the URL parser to the tests.
-var ParseURL = parseURL
+// ParseURL exposes the URL parser to the tests (no base Options).
+func ParseURL(u *url.URL) (*clientv3.Config, *Options, error) { return parseURL(u, Options{}) }
 
 // AfterQueueRead makes d call f each time a waiter has read its queue and
 // found a predecessor, before it starts watching it.

@@ -298,7 +298,11 @@ func (h *hub) run(ctx context.Context) {
 		}
 		wch := h.d.client.Watch(wctx, h.d.prefix, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
 		for wr := range wch {
-			if wr.Err() != nil {
+			if err := wr.Err(); err != nil {
+				if ctx.Err() == nil {
+					h.d.log.Warn("dlock/etcd: the watch on the lock prefix broke; waking the waiters and watching again",
+						"prefix", h.d.prefix, "error", err)
+				}
 				break
 			}
 			if wr.Created {

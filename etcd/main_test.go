@@ -51,7 +51,22 @@ func openLocker(ctx context.Context, endpoints []string, opts *dlock.Options) (*
 		return nil, err
 	}
 	etcd.OwnClient(d)
-	return dlock.New(d, opts), nil
+	l, err := dlock.New(d, opts)
+	if err != nil {
+		_ = d.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// mustNew is dlock.New for Options that are valid.
+func mustNew(tb testing.TB, d *etcd.Driver, opts *dlock.Options) *dlock.Locker {
+	tb.Helper()
+	l, err := dlock.New(d, opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return l
 }
 
 // dir is the queue directory of key with the default prefix.

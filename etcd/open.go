@@ -18,11 +18,51 @@ import (
 )
 
 func init() {
-	dlock.Register("etcd", open)
-	dlock.Register("etcds", open)
-	g := dlock.Guarantees{Fencing: dlock.FencingConsensus}
-	dlock.RegisterGuarantees("etcd", g)
-	dlock.RegisterGuarantees("etcds", g)
+	m := dlock.DefaultURLMux()
+	m.RegisterLocker("etcd", &URLOpener{})
+	m.RegisterLocker("etcds", &URLOpener{})
+}
+
+// URLOpener opens etcd:// and etcds:// URLs (see [open] below for their
+// form and parameters). The package registers a zero URLOpener on
+// dlock.DefaultURLMux; register one of your own on a dlock.URLMux to open
+// URLs with your own client, Logger or Options.
+type URLOpener struct {
+	// Client, if set, is the client every URL opens on (it stays the
+	// caller's: closing the Locker leaves it open); the URL's endpoints,
+	// credentials and client parameters (dial_timeout, TLS) are then not
+	// used. Default nil: a client is made from the URL, and closed with
+	// the Locker.
+	Client *clientv3.Client
+	// Options configure the backend and (Options.Locker) the Lockers it
+	// opens, Logger included. The URL's path and parameters override the
+	// fields they name (ttl overrides Options.Locker.TTL).
+	Options Options
+}
+
+// OpenLockerURL opens a Locker for u. Errors wrap
+// [backend.ErrInvalidConfig] (before any I/O) or [backend.ErrUnavailable].
+func (o *URLOpener) OpenLockerURL(ctx context.Context, u *url.URL) (*dlock.Locker, error) {
+	lo, rest, err := dlock.OptionsFromURL(u, o.Options.Locker)
+	if err != nil {
+		return nil, err
+	}
+	base := o.Options
+	base.Locker = lo
+	if o.Client != nil {
+		_, opts, err := parseURL(rest, base)
+		if err != nil {
+			return nil, err
+		}
+		return New(ctx, o.Client, opts)
+	}
+	return dlock.Build(lo, limits, func() (backend.Driver, error) { return open(ctx, rest, base) })
+}
+
+// Guarantees declares, before any I/O, what every Locker the opener opens
+// promises at best (dlock.GuaranteesDeclarer).
+func (o *URLOpener) Guarantees() dlock.Guarantees {
+	return dlock.Guarantees{Fencing: dlock.FencingConsensus}
 }
 
 // defaultDialTimeout bounds the connection attempt of a client built from a
@@ -39,7 +79,8 @@ const (
 	dialKeepAliveTimeout = 5 * time.Second
 )
 
-// open is the dlock.Opener of the schemes etcd and etcds:
+// open makes a client from u, which the driver owns, and the driver. The
+// URLs of the schemes etcd and etcds:
 //
 //	etcd://[user:password@]host1:2379,host2:2379[/prefix]?ttl=15s
 //	etcds://host1:2379/prefix?ca=/etc/etcd/ca.pem&cert=client.pem&key=client-key.pem
@@ -50,8 +91,8 @@ const (
 // default 5s), and for etcds: ca (a PEM file of the CAs to
 // trust; default the system pool), cert and key (a client certificate, both
 // or neither), server_name (the name to verify, default the host dialled).
-func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
-	cfg, opts, err := parseURL(u)
+func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error) {
+	cfg, opts, err := parseURL(u, base)
 	if err != nil {
 		return nil, err
 	}
@@ -69,9 +110,10 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	return d, nil
 }
 
-// parseURL turns u into a client configuration and options, without I/O
-// (certificate files are read).
-func parseURL(u *url.URL) (*clientv3.Config, *Options, error) {
+// parseURL turns u into a client configuration and options (base, with the
+// fields the URL names set from it), without I/O (certificate files are
+// read).
+func parseURL(u *url.URL, base Options) (*clientv3.Config, *Options, error) {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: etcd: "+format, append([]any{backend.ErrInvalidConfig}, args...)...)
 	}
@@ -103,7 +145,7 @@ func parseURL(u *url.URL) (*clientv3.Config, *Options, error) {
 		cfg.Username = u.User.Username()
 		cfg.Password, _ = u.User.Password()
 	}
-	var o Options
+	o := base
 	if p := strings.Trim(u.Path, "/"); p != "" {
 		o.Prefix = p + "/"
 	}

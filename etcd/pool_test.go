@@ -31,7 +31,7 @@ func ownDriver(t *testing.T, eps []string) (*etcd.Driver, *dlock.Locker) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := dlock.New(d, nil)
+	l := mustNew(t, d, nil)
 	t.Cleanup(func() { _ = l.Close() })
 	return d, l
 }

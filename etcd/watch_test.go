@@ -290,7 +290,7 @@ func TestWaiterWakesFromPrefixWatch(t *testing.T) {
 				hook()
 			}
 		})
-		l := dlock.New(d, nil)
+		l := mustNew(t, d, nil)
 		t.Cleanup(func() { _ = l.Close() })
 		return l
 	}
@@ -471,7 +471,7 @@ func TestWaiterRidesOutQuorumLoss(t *testing.T) {
 		}
 		hookErr <- err
 	})
-	w := dlock.New(d, nil)
+	w := mustNew(t, d, nil)
 	t.Cleanup(func() { _ = w.Close() })
 
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)

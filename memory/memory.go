@@ -10,7 +10,9 @@
 //
 // URL: "mem://" opens the process-wide default store; "mem://NAME" a named
 // store, created on first use and shared by every Open of the same name. No
-// parameters besides dlock's own (ttl).
+// parameters besides dlock's own (ttl). The package registers a [URLOpener]
+// for the scheme on dlock.DefaultURLMux; a URLOpener with a Store of your
+// own opens its URLs on that store.
 package memory
 
 import (
@@ -25,8 +27,7 @@ import (
 )
 
 func init() {
-	dlock.Register("mem", open)
-	dlock.RegisterGuarantees("mem", dlock.Guarantees{Fencing: dlock.FencingConsensus})
+	dlock.DefaultURLMux().RegisterLocker("mem", &URLOpener{})
 }
 
 var (
@@ -34,21 +35,46 @@ var (
 	named   = map[string]*Store{}
 )
 
-func open(_ context.Context, u *url.URL) (backend.Driver, error) {
-	if len(u.Query()) > 0 {
-		return nil, fmt.Errorf("%w: mem:// takes no parameters but ttl, got %q", backend.ErrInvalidConfig, u.RawQuery)
+// URLOpener opens mem:// URLs. The zero value opens them on the named
+// stores shared by the process.
+type URLOpener struct {
+	// Store, if set, is the store every URL opens on; the URL's store name
+	// is then ignored.
+	Store *Store
+	// Options configure the Lockers opened (Logger, TTL, ...); the URL's
+	// ttl overrides Options.TTL.
+	Options dlock.Options
+}
+
+// OpenLockerURL opens a Locker for u (see the package documentation).
+func (o *URLOpener) OpenLockerURL(_ context.Context, u *url.URL) (*dlock.Locker, error) {
+	lo, rest, err := dlock.OptionsFromURL(u, &o.Options)
+	if err != nil {
+		return nil, err
+	}
+	if rest.RawQuery != "" {
+		return nil, fmt.Errorf("%w: mem:// takes no parameters but ttl, got %q", backend.ErrInvalidConfig, rest.RawQuery)
 	}
 	if u.Path != "" && u.Path != "/" || u.User != nil || u.Port() != "" {
 		return nil, fmt.Errorf("%w: mem:// takes a store name only, as in mem://NAME", backend.ErrInvalidConfig)
 	}
-	namedMu.Lock()
-	defer namedMu.Unlock()
-	s, ok := named[u.Host]
-	if !ok {
-		s = NewStore()
-		named[u.Host] = s
+	s := o.Store
+	if s == nil {
+		namedMu.Lock()
+		s = named[u.Host]
+		if s == nil {
+			s = NewStore()
+			named[u.Host] = s
+		}
+		namedMu.Unlock()
 	}
-	return NewDriver(s), nil
+	return New(s, lo)
+}
+
+// Guarantees declares, before any I/O, what every Locker the opener
+// opens promises: exact fencing within the process (dlock.GuaranteesDeclarer).
+func (o *URLOpener) Guarantees() dlock.Guarantees {
+	return dlock.Guarantees{Fencing: dlock.FencingConsensus}
 }
 
 // Store holds the locks. Its zero value is not usable; call NewStore.
@@ -76,7 +102,14 @@ func NewStore() *Store {
 }
 
 // New returns a Locker on s. Lockers on one store contend for the same keys.
-func New(s *Store, opts *dlock.Options) *dlock.Locker { return dlock.New(NewDriver(s), opts) }
+// Bad opts are an error matching dlock.ErrInvalidConfig or
+// dlock.ErrInvalidTTL.
+func New(s *Store, opts *dlock.Options) (*dlock.Locker, error) {
+	if s == nil {
+		return nil, fmt.Errorf("%w: memory: nil Store", backend.ErrInvalidConfig)
+	}
+	return dlock.New(NewDriver(s), opts)
+}
 
 // Expire drops the lock on key at once, as if its TTL had run out, and
 // reports whether one was held. The holder's lease learns of it (its Done

@@ -15,7 +15,7 @@ import (
 type harness struct{ s *memory.Store }
 
 func (h harness) NewLocker(_ context.Context, opts *dlock.Options) (*dlock.Locker, error) {
-	return memory.New(h.s, opts), nil
+	return memory.New(h.s, opts)
 }
 
 func (h harness) Expire(_ context.Context, key string) error {
@@ -53,7 +53,7 @@ type plainLease struct{ backend.Lease }
 type plainHarness struct{ harness }
 
 func (h plainHarness) NewLocker(_ context.Context, opts *dlock.Options) (*dlock.Locker, error) {
-	return dlock.New(plainDriver{memory.NewDriver(h.s)}, opts), nil
+	return dlock.New(plainDriver{memory.NewDriver(h.s)}, opts)
 }
 
 func TestConformancePolling(t *testing.T) {

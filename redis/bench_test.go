@@ -38,7 +38,10 @@ func BenchmarkCycle(b *testing.B) {
 	c := serverClient(b)
 	ctx := b.Context()
 	d := newDriver(b, c, nil)
-	l := dlock.New(d, nil) // not closed: closing it would close d twice
+	l, err := dlock.New(d, nil) // not closed: closing it would close d twice
+	if err != nil {
+		b.Fatal(err)
+	}
 	if err := rawRelease.Load(ctx, c).Err(); err != nil {
 		b.Fatal(err)
 	}

@@ -7,7 +7,7 @@ import (
 )
 
 // ParseURL exposes parseURL to the external tests.
-func ParseURL(u *url.URL) (*goredis.Options, *Options, error) { return parseURL(u) }
+func ParseURL(u *url.URL) (*goredis.Options, *Options, error) { return parseURL(u, Options{}) }
 
 // NewDriverNoIO builds a driver without the eviction check and script
 // loading, for tests that need no server.

@@ -15,37 +15,75 @@ import (
 )
 
 func init() {
-	dlock.Register("redis", open)
-	dlock.Register("rediss", open)
-	g := dlock.Guarantees{Fencing: dlock.FencingBestEffort, ClockDependent: true, Notes: "single Redis: see the redis package"}
-	dlock.RegisterGuarantees("redis", g)
-	dlock.RegisterGuarantees("rediss", g)
+	m := dlock.DefaultURLMux()
+	m.RegisterLocker("redis", &URLOpener{})
+	m.RegisterLocker("rediss", &URLOpener{})
+}
+
+// URLOpener opens redis:// and rediss:// URLs (see the package
+// documentation for their parameters). The package registers a zero
+// URLOpener on dlock.DefaultURLMux; register one of your own on a
+// dlock.URLMux to open URLs with your own client, Logger or Options.
+type URLOpener struct {
+	// Client, if set, is the client every URL opens on (it stays the
+	// caller's: closing the Locker leaves it open); the URL's host,
+	// credentials, database and go-redis parameters are then not used.
+	// Default nil: a client is made from the URL, and closed with the
+	// Locker.
+	Client goredis.UniversalClient
+	// Options configure the backend and (Options.Locker) the Lockers it
+	// opens, Logger included. The URL's parameters override the fields
+	// they name (ttl overrides Options.Locker.TTL).
+	Options Options
+}
+
+// OpenLockerURL opens a Locker for u. Errors wrap
+// [backend.ErrInvalidConfig] (before any I/O) or [backend.ErrUnavailable].
+func (o *URLOpener) OpenLockerURL(ctx context.Context, u *url.URL) (*dlock.Locker, error) {
+	lo, rest, err := dlock.OptionsFromURL(u, o.Options.Locker)
+	if err != nil {
+		return nil, err
+	}
+	base := o.Options
+	base.Locker = lo
+	if o.Client != nil {
+		_, opts, err := parseURL(rest, base)
+		if err != nil {
+			return nil, err
+		}
+		return New(ctx, o.Client, opts)
+	}
+	return dlock.Build(lo, limits, func() (backend.Driver, error) { return open(ctx, rest, base) })
+}
+
+// Guarantees declares, before any I/O, what every Locker the opener opens
+// promises at best (dlock.GuaranteesDeclarer).
+func (o *URLOpener) Guarantees() dlock.Guarantees {
+	return dlock.Guarantees{Fencing: dlock.FencingBestEffort, ClockDependent: true, Notes: "single Redis: see the redis package"}
 }
 
 // New checks opts and the server's eviction policy, loads the scripts, and
-// returns a Locker over client, configured by opts.Locker. It does not take
-// ownership of client: closing the Locker leaves the client open.
+// returns a Locker over client, configured by opts.Locker (whose Logger the
+// backend logs to as well). It does not take ownership of client: closing
+// the Locker leaves the client open.
 //
 // client may be a *goredis.Client (one server, or a Sentinel failover
 // client) or a *goredis.ClusterClient. A *goredis.Ring is refused: it moves
 // keys to another shard when one looks unhealthy, which would let two
-// holders take the same lock. Errors wrap [backend.ErrInvalidConfig] or
+// holders take the same lock. Errors wrap [backend.ErrInvalidConfig]
+// (bad options, opts.Locker included, before any I/O) or
 // [backend.ErrUnavailable].
 func New(ctx context.Context, client goredis.UniversalClient, opts *Options) (*dlock.Locker, error) {
-	d, err := NewDriver(ctx, client, opts)
-	if err != nil {
-		return nil, err
-	}
 	var lo *dlock.Options
 	if opts != nil {
 		lo = opts.Locker
 	}
-	return dlock.New(d, lo), nil
+	return dlock.Build(lo, limits, func() (backend.Driver, error) { return NewDriver(ctx, client, opts) })
 }
 
-// open is the dlock.Opener of the schemes redis and rediss.
-func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
-	clientOpts, opts, err := parseURL(u)
+// open makes a client from u, which it owns, and the driver over it.
+func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error) {
+	clientOpts, opts, err := parseURL(u, base)
 	if err != nil {
 		return nil, err
 	}
@@ -66,9 +104,9 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	return d, nil
 }
 
-// parseURL splits u into the backend's options and go-redis's client
-// options. It does no I/O.
-func parseURL(u *url.URL) (*goredis.Options, *Options, error) {
+// parseURL splits u into the backend's options (base, with the fields the
+// URL names set from it) and go-redis's client options. It does no I/O.
+func parseURL(u *url.URL, base Options) (*goredis.Options, *Options, error) {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: redis: "+format, append([]any{backend.ErrInvalidConfig}, args...)...)
 	}
@@ -79,7 +117,7 @@ func parseURL(u *url.URL) (*goredis.Options, *Options, error) {
 	if err != nil {
 		return nil, nil, bad("query of %s: %w", u.Redacted(), err)
 	}
-	var o Options
+	o := base
 	if v, ok, err := urlparam.Take(q, "prefix"); err != nil {
 		return nil, nil, err
 	} else if ok {

@@ -121,13 +121,10 @@ type Options struct {
 	// "noeviction". Default [EvictionRefuse].
 	EvictionCheck EvictionCheck
 
-	// Logger receives warnings from the backend (eviction policy, CONFIG
-	// unavailable). Default slog.Default().
-	Logger *slog.Logger
-
 	// Locker configures the *dlock.Locker that [New] returns (default TTL,
-	// retry bounds, ...). Default nil (dlock's defaults). NewDriver and
-	// dlock.Open ignore it.
+	// retry bounds, ...). Default nil (dlock's defaults). Its Logger also
+	// receives the backend's warnings (eviction policy, CONFIG
+	// unavailable; default slog.Default()): the one field NewDriver reads.
 	Locker *dlock.Options
 }
 
@@ -236,8 +233,9 @@ func newDriver(client goredis.UniversalClient, opts *Options) (*Driver, error) {
 	default:
 		return nil, fmt.Errorf("%w: redis: unknown EvictionCheck %d", backend.ErrInvalidConfig, int(o.EvictionCheck))
 	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
+	log := slog.Default()
+	if o.Locker != nil && o.Locker.Logger != nil {
+		log = o.Locker.Logger
 	}
 	var retention int64
 	switch {
@@ -251,7 +249,7 @@ func newDriver(client goredis.UniversalClient, opts *Options) (*Driver, error) {
 		prefix:      o.Prefix,
 		waitN:       o.WaitReplicas,
 		waitTimeout: o.WaitTimeout,
-		log:         o.Logger,
+		log:         log,
 		retention:   retention,
 
 		evictionCheck: o.EvictionCheck,
@@ -388,9 +386,10 @@ func (d *Driver) ValidateKey(key string) error {
 
 // Limits returns MinTTL 1 ms (Redis expires in whole milliseconds) and no
 // MaxTTL.
-func (d *Driver) Limits() backend.Limits {
-	return backend.Limits{MinTTL: time.Millisecond}
-}
+func (d *Driver) Limits() backend.Limits { return limits }
+
+// limits are the Driver's Limits, known before any I/O.
+var limits = backend.Limits{MinTTL: time.Millisecond}
 
 // Guarantees reports best-effort fencing, no tolerated failures, no FIFO,
 // and a clock-dependent lease.

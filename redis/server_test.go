@@ -592,7 +592,7 @@ func evictionWarnLog(t *testing.T, c *goredis.Client) string {
 	var buf bytes.Buffer
 	var mu sync.Mutex
 	log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, nil))
-	d, err := redis.NewDriver(t.Context(), c, &redis.Options{EvictionCheck: redis.EvictionWarn, Logger: log})
+	d, err := redis.NewDriver(t.Context(), c, &redis.Options{EvictionCheck: redis.EvictionWarn, Locker: &dlock.Options{Logger: log}})
 	if err != nil {
 		t.Fatalf("NewDriver with EvictionWarn = %v", err)
 	}

@@ -121,7 +121,10 @@ func TestValidateKey(t *testing.T) {
 	}
 
 	// Through a Locker: rejected before any I/O.
-	l := dlock.New(d, nil)
+	l, err := dlock.New(d, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer l.Close()
 	if _, err := l.TryAcquire(t.Context(), "}x", nil); !errors.Is(err, dlock.ErrInvalidKey) {
 		t.Errorf("Locker.TryAcquire(\"}x\") = %v, want ErrInvalidKey", err)

@@ -16,17 +16,56 @@ import (
 )
 
 func init() {
-	dlock.Register("redlock", open)
-	dlock.RegisterGuarantees("redlock", dlock.Guarantees{Fencing: dlock.FencingBestEffort, ClockDependent: true, Notes: "Redlock: see the redlock package"})
+	dlock.DefaultURLMux().RegisterLocker("redlock", &URLOpener{})
 }
 
-// open is the dlock.Opener of the scheme redlock:
+// URLOpener opens redlock:// URLs:
 //
 //	redlock://[[user]:password@]h1:6379,h2:6379,h3:6379[/db]?ttl=10s&prefix=dlock:&drift_factor=0.01&node_timeout=50ms
 //
-// The credentials and database apply to every node.
-func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
-	nodes, opts, err := parseURL(u)
+// The credentials and database apply to every node. The package registers
+// a zero URLOpener on dlock.DefaultURLMux; register one of your own on a
+// dlock.URLMux to open URLs with your own clients, Logger or Options.
+type URLOpener struct {
+	// Clients, if set, are the nodes every URL opens on (they stay the
+	// caller's: closing the Locker leaves them open); the URL's hosts,
+	// credentials and database are then not used. Default nil: one client
+	// per host of the URL, closed with the Locker.
+	Clients []goredis.UniversalClient
+	// Options configure the backend and (Options.Locker) the Lockers it
+	// opens, Logger included. The URL's parameters override the fields
+	// they name (ttl overrides Options.Locker.TTL).
+	Options Options
+}
+
+// OpenLockerURL opens a Locker for u. Errors wrap
+// [backend.ErrInvalidConfig] (before any I/O) or [backend.ErrUnavailable].
+func (o *URLOpener) OpenLockerURL(ctx context.Context, u *url.URL) (*dlock.Locker, error) {
+	lo, rest, err := dlock.OptionsFromURL(u, o.Options.Locker)
+	if err != nil {
+		return nil, err
+	}
+	base := o.Options
+	base.Locker = lo
+	if o.Clients != nil {
+		_, opts, err := parseURL(rest, base)
+		if err != nil {
+			return nil, err
+		}
+		return New(ctx, o.Clients, opts)
+	}
+	return dlock.Build(lo, limits, func() (backend.Driver, error) { return open(ctx, rest, base) })
+}
+
+// Guarantees declares, before any I/O, what every Locker the opener opens
+// promises at best (dlock.GuaranteesDeclarer).
+func (o *URLOpener) Guarantees() dlock.Guarantees {
+	return dlock.Guarantees{Fencing: dlock.FencingBestEffort, ClockDependent: true, Notes: "Redlock: see the redlock package"}
+}
+
+// open makes one client per node of u, which the driver owns.
+func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error) {
+	nodes, opts, err := parseURL(u, base)
 	if err != nil {
 		return nil, err
 	}
@@ -45,8 +84,9 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	return d, nil
 }
 
-// parseURL turns u into one client configuration per node, without I/O.
-func parseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
+// parseURL turns u into one client configuration per node and the options
+// (base, with the fields the URL names set from it), without I/O.
+func parseURL(u *url.URL, base Options) ([]*goredis.Options, *Options, error) {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: redlock: "+format, append([]any{backend.ErrInvalidConfig}, args...)...)
 	}
@@ -68,7 +108,7 @@ func parseURL(u *url.URL) ([]*goredis.Options, *Options, error) {
 	if err != nil {
 		return nil, nil, bad("query of %s: %w", u.Redacted(), err)
 	}
-	var o Options
+	o := base
 	if v, ok, err := urlparam.Take(q, "prefix"); err != nil {
 		return nil, nil, err
 	} else if ok {

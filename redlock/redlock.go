@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -43,6 +44,9 @@ type Options struct {
 	// tenth of the TTL. Default 50ms.
 	NodeTimeout time.Duration
 	// Locker configures the Locker that [New] returns. Nil means defaults.
+	// Its Logger also receives the backend's warnings (a node that could
+	// not be given the scripts at start; default slog.Default()): the one
+	// field NewDriver reads.
 	Locker *dlock.Options
 }
 
@@ -54,6 +58,7 @@ type Driver struct {
 	drift       float64
 	nodeTimeout time.Duration
 	ownsClients bool
+	log         *slog.Logger
 	closeOnce   sync.Once
 	bg          bg.Group        // script loading in NewDriver; Close waits for it
 	disp        []*dispatcher   // one queue per node, sent in pipelines (dispatch.go)
@@ -70,21 +75,18 @@ var (
 )
 
 // New checks opts and returns a Locker over the independent masters nodes
-// (an odd number, at least 3), configured by opts.Locker. The clients stay
-// the caller's: closing the Locker leaves them open. Errors wrap
-// [backend.ErrInvalidConfig], except when ctx ends while New resolves the
-// nodes' host names (the same-server check): that error wraps
-// [backend.ErrUnavailable] and ctx.Err().
+// (an odd number, at least 3), configured by opts.Locker (whose Logger the
+// backend logs to as well). The clients stay the caller's: closing the
+// Locker leaves them open. Errors wrap [backend.ErrInvalidConfig] (bad
+// options, opts.Locker included, before any I/O), except when ctx ends
+// while New resolves the nodes' host names (the same-server check): that
+// error wraps [backend.ErrUnavailable] and ctx.Err().
 func New(ctx context.Context, nodes []goredis.UniversalClient, opts *Options) (*dlock.Locker, error) {
-	d, err := NewDriver(ctx, nodes, opts)
-	if err != nil {
-		return nil, err
-	}
 	var lo *dlock.Options
 	if opts != nil {
 		lo = opts.Locker
 	}
-	return dlock.New(d, lo), nil
+	return dlock.Build(lo, limits, func() (backend.Driver, error) { return NewDriver(ctx, nodes, opts) })
 }
 
 // NewDriver is [New] without the Locker. It loads the scripts on the nodes
@@ -109,7 +111,7 @@ func NewDriver(ctx context.Context, nodes []goredis.UniversalClient, opts *Optio
 	switch {
 	case len(nodes) < 3 || len(nodes)%2 == 0:
 		return bad("%d nodes: want an odd number, at least 3", len(nodes))
-	case o.DriftFactor < 0 || o.DriftFactor >= 0.5:
+	case !(o.DriftFactor >= 0 && o.DriftFactor < 0.5): // NaN too
 		return bad("DriftFactor %v: want 0 (default) up to 0.5", o.DriftFactor)
 	case o.NodeTimeout < 0:
 		return bad("negative NodeTimeout %v", o.NodeTimeout)
@@ -147,6 +149,10 @@ func NewDriver(ctx context.Context, nodes []goredis.UniversalClient, opts *Optio
 		prefix:      o.Prefix,
 		drift:       o.DriftFactor,
 		nodeTimeout: o.NodeTimeout,
+		log:         slog.Default(),
+	}
+	if o.Locker != nil && o.Locker.Logger != nil {
+		d.log = o.Locker.Logger
 	}
 	d.newHubs()
 	for i, c := range d.nodes {
@@ -163,10 +169,18 @@ func (d *Driver) loadScripts(ctx context.Context, timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	done := make(chan struct{}, len(d.nodes))
-	for _, c := range d.nodes {
+	for i, c := range d.nodes {
 		d.bg.Go(func() { // Close waits for loads still on their way
 			for _, s := range redisscript.All {
-				if s.Load(ctx, c).Err() != nil {
+				if err := s.Load(ctx, c).Err(); err != nil {
+					// A node that refused or failed is worth a warning;
+					// one only slower than the wait (or a caller gone) is not.
+					level := slog.LevelWarn
+					if ctx.Err() != nil {
+						level = slog.LevelDebug
+					}
+					d.log.Log(context.Background(), level, "dlock/redlock: a node did not take the scripts at start; it gets them on first use",
+						"node", i, "error", err)
 					break
 				}
 			}
@@ -210,7 +224,10 @@ func (d *Driver) ValidateKey(key string) error {
 }
 
 // Limits: whole milliseconds; the TTL must leave room for the drift.
-func (d *Driver) Limits() backend.Limits { return backend.Limits{MinTTL: 10 * time.Millisecond} }
+func (d *Driver) Limits() backend.Limits { return limits }
+
+// limits are the Driver's Limits, known before any I/O.
+var limits = backend.Limits{MinTTL: 10 * time.Millisecond}
 
 // Guarantees: best-effort tokens, a minority of nodes may fail, and safety
 // rests on timing.

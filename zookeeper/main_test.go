@@ -39,16 +39,21 @@ func newLocker(tb testing.TB, srv []string, opts *zookeeper.Options) *dlock.Lock
 }
 
 func openLocker(ctx context.Context, srv []string, opts *zookeeper.Options) (*dlock.Locker, error) {
-	o := zookeeper.Options{SessionTimeout: testSession, Logger: quiet}
+	o := zookeeper.Options{SessionTimeout: testSession}
 	if opts != nil {
 		o = *opts
 		if o.SessionTimeout == 0 {
 			o.SessionTimeout = testSession
 		}
-		if o.Logger == nil {
-			o.Logger = quiet
+	}
+	lo := dlock.Options{Logger: quiet}
+	if o.Locker != nil {
+		lo = *o.Locker
+		if lo.Logger == nil {
+			lo.Logger = quiet
 		}
 	}
+	o.Locker = &lo
 	return zookeeper.New(ctx, srv, &o)
 }
 

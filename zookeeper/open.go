@@ -13,27 +13,57 @@ import (
 )
 
 func init() {
-	dlock.Register("zk", open)
-	dlock.RegisterGuarantees("zk", dlock.Guarantees{Fencing: dlock.FencingConsensus})
+	dlock.DefaultURLMux().RegisterLocker("zk", &URLOpener{})
 }
 
-// open is the dlock.Opener of the scheme zk:
+// URLOpener opens zk:// URLs:
 //
 //	zk://[user:password@]host1:2181,host2:2181[/prefix]?session_timeout=30s&ttl=20s
 //
 // The path is the prefix znode (default /dlock). user:password turns on
 // digest authentication. Parameters: ttl (every backend), session_timeout
-// (default 40s).
-func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
-	servers, opts, err := parseURL(u)
+// (default 40s). The package registers a zero URLOpener on
+// dlock.DefaultURLMux; register one of your own on a dlock.URLMux to open
+// URLs with your own Logger or Options (Options.Dialer opens the
+// connections to the servers the URL names). There is no client to pass:
+// the backend owns its ZooKeeper session (see [New]).
+type URLOpener struct {
+	// Options configure the backend and (Options.Locker) the Lockers it
+	// opens, Logger included. The URL's path, credentials and parameters
+	// override the fields they name (ttl overrides Options.Locker.TTL).
+	Options Options
+}
+
+// OpenLockerURL opens a Locker for u. Errors wrap
+// [backend.ErrInvalidConfig] (before any I/O) or [backend.ErrUnavailable].
+func (o *URLOpener) OpenLockerURL(ctx context.Context, u *url.URL) (*dlock.Locker, error) {
+	lo, rest, err := dlock.OptionsFromURL(u, o.Options.Locker)
+	if err != nil {
+		return nil, err
+	}
+	base := o.Options
+	base.Locker = lo
+	return dlock.Build(lo, limits, func() (backend.Driver, error) { return open(ctx, rest, base) })
+}
+
+// Guarantees declares, before any I/O, what every Locker the opener opens
+// promises at best (dlock.GuaranteesDeclarer).
+func (o *URLOpener) Guarantees() dlock.Guarantees {
+	return dlock.Guarantees{Fencing: dlock.FencingConsensus}
+}
+
+// open connects to the servers of u.
+func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error) {
+	servers, opts, err := parseURL(u, base)
 	if err != nil {
 		return nil, err
 	}
 	return NewDriver(ctx, servers, opts)
 }
 
-// parseURL turns u into the server list and options, without I/O.
-func parseURL(u *url.URL) ([]string, *Options, error) {
+// parseURL turns u into the server list and options (base, with the fields
+// the URL names set from it), without I/O.
+func parseURL(u *url.URL, base Options) ([]string, *Options, error) {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: zookeeper: "+format, append([]any{backend.ErrInvalidConfig}, args...)...)
 	}
@@ -53,7 +83,7 @@ func parseURL(u *url.URL) ([]string, *Options, error) {
 		}
 		servers = append(servers, h)
 	}
-	var o Options
+	o := base
 	if p := strings.TrimRight(u.Path, "/"); p != "" {
 		o.Prefix = p
 	}

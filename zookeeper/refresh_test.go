@@ -216,7 +216,7 @@ func TestAcquireRoundTrips(t *testing.T) {
 func TestBatchRefresh(t *testing.T) {
 	srv := servers.ZooKeeper(t, 1).Servers()
 	fc := &frameCounter{}
-	d, err := zookeeper.NewDriver(t.Context(), srv, &zookeeper.Options{SessionTimeout: testSession, Logger: quiet, Dialer: fc.dial})
+	d, err := zookeeper.NewDriver(t.Context(), srv, &zookeeper.Options{SessionTimeout: testSession, Locker: &dlock.Options{Logger: quiet}, Dialer: fc.dial})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -77,10 +77,10 @@ type Options struct {
 	// Dialer, if set, opens the TCP connections to the servers (tests use
 	// it to cut connections).
 	Dialer zk.Dialer
-	// Logger receives the ZooKeeper client's warnings and the session's
-	// state changes. Default slog.Default().
-	Logger *slog.Logger
 	// Locker configures the Locker that [New] returns. Nil means defaults.
+	// Its Logger also receives the ZooKeeper client's warnings and the
+	// session's state changes (default slog.Default()): the one field
+	// NewDriver reads.
 	Locker *dlock.Options
 }
 
@@ -129,19 +129,17 @@ type Driver struct {
 // New connects to the ensemble (servers are host:port), waits for a session,
 // creates the prefix node if it is missing, and returns a Locker configured
 // by opts.Locker (its default TTL is the granted session timeout if that is
-// shorter than dlock.DefaultTTL; see dlock.Options.TTL). Closing the
-// Locker closes the session, which deletes every lock node it still owns.
-// Errors wrap [backend.ErrInvalidConfig] or [backend.ErrUnavailable].
+// shorter than dlock.DefaultTTL; see dlock.Options.TTL), whose Logger the
+// backend logs to as well. Closing the Locker closes the session, which
+// deletes every lock node it still owns. Errors wrap
+// [backend.ErrInvalidConfig] (bad options, opts.Locker included, before any
+// I/O) or [backend.ErrUnavailable].
 func New(ctx context.Context, servers []string, opts *Options) (*dlock.Locker, error) {
-	d, err := NewDriver(ctx, servers, opts)
-	if err != nil {
-		return nil, err
-	}
 	var lo *dlock.Options
 	if opts != nil {
 		lo = opts.Locker
 	}
-	return dlock.New(d, lo), nil
+	return dlock.Build(lo, limits, func() (backend.Driver, error) { return NewDriver(ctx, servers, opts) })
 }
 
 // NewDriver is [New] without the Locker, for callers that wrap the driver.
@@ -156,8 +154,9 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 	if o.SessionTimeout == 0 {
 		o.SessionTimeout = DefaultSessionTimeout
 	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
+	log := slog.Default()
+	if o.Locker != nil && o.Locker.Logger != nil {
+		log = o.Locker.Logger
 	}
 	switch {
 	case len(servers) == 0:
@@ -175,7 +174,7 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 		}
 	}
 
-	d := &Driver{prefix: o.Prefix, servers: len(servers), log: o.Logger, acl: zk.WorldACL(zk.PermAll),
+	d := &Driver{prefix: o.Prefix, servers: len(servers), log: log, acl: zk.WorldACL(zk.PermAll),
 		linkDown: time.Now(), linkChanged: make(chan struct{}),
 		leases: make(map[string]*lease), wake: make(chan struct{}, 1)}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
@@ -185,7 +184,7 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 	}
 	session := make(chan struct{}, 1)
 	conn, _, err := zk.Connect(servers, o.SessionTimeout,
-		zk.WithLogger(zkLogger{o.Logger}),
+		zk.WithLogger(zkLogger{log}),
 		zk.WithLogInfo(false),
 		zk.WithHostProvider(hostCounter{HostProvider: zk.NewDNSHostProvider(), d: d}),
 		zk.WithDialer(func(network, addr string, timeout time.Duration) (net.Conn, error) {
@@ -375,6 +374,10 @@ func (d *Driver) ValidateKey(string) error { return nil }
 func (d *Driver) Limits() backend.Limits {
 	return backend.Limits{MaxTTL: d.SessionTimeout()}
 }
+
+// limits are the Driver's Limits known before any I/O (none: the TTL's
+// ceiling is the session timeout the server grants).
+var limits = backend.Limits{}
 
 // Guarantees: consensus-grade fencing (czxid), FIFO, and a majority of the
 // ensemble (counted from the server list) must be up.

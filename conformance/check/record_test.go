@@ -50,14 +50,14 @@ func run(t *testing.T, lockers []*dlock.Locker) []check.Violation {
 func TestRecordedWorkload(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	store := memory.NewStore()
-	a, b := memory.New(store, nil), memory.New(store, nil)
+	a, b := newMem(t, store), newMem(t, store)
 	defer a.Close()
 	defer b.Close()
 	if vs := run(t, []*dlock.Locker{a, b}); len(vs) != 0 {
 		t.Errorf("violations on a working lock:\n%s", check.Summary(vs))
 	}
 
-	x, y := memory.New(memory.NewStore(), nil), memory.New(memory.NewStore(), nil)
+	x, y := newMem(t, memory.NewStore()), newMem(t, memory.NewStore())
 	defer x.Close()
 	defer y.Close()
 	vs := run(t, []*dlock.Locker{x, y})
@@ -74,4 +74,14 @@ func TestRecordedWorkload(t *testing.T) {
 	if !found[check.StaleWrite] && !found[check.LostUpdate] && !found[check.TokenOrder] {
 		t.Errorf("two stores: neither stale write, lost update nor token order violation found:\n%s", check.Summary(vs))
 	}
+}
+
+// newMem is memory.New with default Options.
+func newMem(t *testing.T, s *memory.Store) *dlock.Locker {
+	t.Helper()
+	l, err := memory.New(s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
