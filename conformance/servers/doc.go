@@ -1,9 +1,11 @@
 // Package servers starts real servers in containers for dlock's tests, using
-// testcontainers-go, and gives tests fault controls over them (stop, start,
-// kill, pause; a Redis server's wall clock jump), and a TCP proxy that cuts
-// or slows a client's link to them.
+// testcontainers-go (through serverd, see below), and gives tests fault
+// controls over them (stop, start, kill, pause; a Redis server's wall clock
+// jump), and a TCP proxy that cuts or slows a client's link to them.
 //
-// Only test files import this package; the library itself never does.
+// Only test files import this package; the library itself never does. It
+// uses only the standard library, so importing it adds nothing to a
+// module's go.mod.
 //
 // A test package shares one set of servers: call [Redis], [Etcd],
 // [ZooKeeper] or [Postgres] from any test to get the package's servers
@@ -98,10 +100,12 @@
 //	DLOCK_TEST_RUN          optional label value (dlock.test.run) put on
 //	                        every container and network, so a wrapper
 //	                        script can remove leftovers of a crashed run.
+//	DLOCK_SERVERD           the serverd binary to run (see below); unset,
+//	                        it is built from source.
 //
 // testcontainers-go's own variables apply too, notably DOCKER_HOST and
 // TESTCONTAINERS_RYUK_DISABLED (set it to "true" where the Ryuk reaper image
-// cannot be pulled; [Main] removes containers itself either way).
+// cannot be pulled; serverd removes containers itself either way).
 //
 // Every server runs with an explicit command line (e.g. redis-server --port N
 // ...; a ZooKeeper server's is a short sh -c script that writes its zoo.cfg
@@ -116,4 +120,35 @@
 // modes.
 //
 // Server addresses are always loopback (127.0.0.1:port).
+//
+// # How the servers reach Docker
+//
+// This package does not talk to Docker itself. All the container code
+// (testcontainers-go, the Docker client, the kinds of server, their command
+// lines and readiness checks) is in the command serverd, in the serverd
+// directory: a module of its own, so that testcontainers-go's many
+// dependencies stay out of every library module's go.mod and go.sum, and
+// out of their users'. The first call that needs a server starts one
+// serverd child process per test process; each operation (start servers,
+// Stop, Kill, ShiftClock, Terminate, ...) is one JSON request on the
+// child's standard input, answered on its standard output, matched by a
+// request id, so that parallel tests' requests run concurrently. A
+// request's context deadline goes with it, and a request whose context
+// ends is cancelled in serverd. Errors keep what tests look at: their
+// message, matching [ErrNoFaketime] or [ErrNeedsHostNetwork], and whether
+// something (Docker, an image) is missing, on which tests skip unless
+// DLOCK_REQUIRE_SERVERS=1.
+//
+// [Main] asks serverd to remove everything and waits for it to exit. A test
+// process that dies without Main (a crash, a timeout panic, SIGKILL) closes
+// serverd's standard input by dying, and serverd then removes every
+// container and network it started and exits: nothing is left running.
+//
+// The serverd binary is $DLOCK_SERVERD if set (scripts/test.sh builds it
+// once per run, into its cache directory, and exports it); otherwise this
+// package builds it with `go build` from the serverd directory next to its
+// own source file (found with runtime.Caller), once per test process, and
+// deletes the binary once started. That needs the go command and the
+// source, as in this repository; a test binary built with -trimpath needs
+// DLOCK_SERVERD.
 package servers
