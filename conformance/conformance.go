@@ -106,6 +106,7 @@ func Run(t *testing.T, newHarness HarnessMaker) {
 			{"Deadline", s.deadline},
 			{"FIFO", s.fifo},
 			{"WaitLongerThanTTL", s.waitLongerThanTTL},
+			{"QuietClose", s.quietClose},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				t.Parallel()

@@ -45,7 +45,7 @@ func openLocker(ctx context.Context, endpoints []string, opts *dlock.Options) (*
 	if err != nil {
 		return nil, err
 	}
-	d, err := etcd.NewDriver(ctx, c, nil)
+	d, err := etcd.NewDriver(ctx, c, &etcd.Options{Locker: opts}) // the Logger
 	if err != nil {
 		_ = c.Close()
 		return nil, err

@@ -153,7 +153,9 @@
 // reconnects within the session timeout) or expire. While disconnected,
 // Refresh fails at once with ErrUnavailable, so the lease ends at its
 // Deadline unless the session comes back in time; the driver logs the
-// state change. Expired is lost: the session's event callback (one per
+// state change (at Warn, to dlock.Options.Logger; the disconnection a
+// Close causes only at Debug, and Close waits, up to a second, for the
+// session's last events). Expired is lost: the session's event callback (one per
 // Driver, no goroutine per lease) marks every lease lost on the session's
 // expiry, and a lease lost when the server reports its node's deletion (by
 // anyone but its own Release); one dispatcher goroutine per Driver then

@@ -89,6 +89,7 @@ type Options struct {
 // shared by all leases taken through it.
 type Driver struct {
 	conn    *zk.Conn
+	events  <-chan zk.Event // the client's, closed when its session loop ends
 	prefix  string
 	servers int
 	acl     []zk.ACL
@@ -183,8 +184,8 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 		dial = net.DialTimeout
 	}
 	session := make(chan struct{}, 1)
-	conn, _, err := zk.Connect(servers, o.SessionTimeout,
-		zk.WithLogger(zkLogger{log}),
+	conn, events, err := zk.Connect(servers, o.SessionTimeout,
+		zk.WithLogger(zkLogger{log: log, closing: d.ctx}),
 		zk.WithLogInfo(false),
 		zk.WithHostProvider(hostCounter{HostProvider: zk.NewDNSHostProvider(), d: d}),
 		zk.WithDialer(func(network, addr string, timeout time.Duration) (net.Conn, error) {
@@ -209,6 +210,10 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 				}
 			case zk.StateDisconnected:
 				d.setLink(false)
+				if d.ctx.Err() != nil { // Close ends the session: nothing is uncertain
+					d.log.Debug("dlock/zookeeper: disconnected by Close", "server", ev.Server)
+					return
+				}
 				d.log.Warn("dlock/zookeeper: disconnected; leases are uncertain until the session is back", "server", ev.Server)
 			case zk.StateExpired:
 				d.setLink(false)
@@ -221,6 +226,7 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 		return nil, fmt.Errorf("%w: zookeeper: %w", backend.ErrInvalidConfig, err)
 	}
 	d.conn = conn
+	d.events = events
 	d.bg.Go(d.dispatch)
 	fail := func(err error) (*Driver, error) {
 		_ = d.Close()
@@ -282,11 +288,19 @@ func (h hostCounter) Init(servers []string) error {
 	return err
 }
 
-// zkLogger sends the client library's log lines to slog.
-type zkLogger struct{ log *slog.Logger }
+// zkLogger sends the client library's log lines to slog: at Warn, or at
+// Debug once closing has ended (the lines of a connection Close ends).
+type zkLogger struct {
+	log     *slog.Logger
+	closing context.Context
+}
 
 func (l zkLogger) Printf(format string, args ...any) {
-	l.log.Warn("dlock/zookeeper: " + fmt.Sprintf(format, args...))
+	level := slog.LevelWarn
+	if l.closing.Err() != nil {
+		level = slog.LevelDebug
+	}
+	l.log.Log(context.Background(), level, "dlock/zookeeper: "+fmt.Sprintf(format, args...))
 }
 
 // setLink records that the session is connected (up) or not.
@@ -409,6 +423,18 @@ func (d *Driver) Close() error {
 		d.cancel()
 		if d.conn != nil {
 			d.conn.Close()
+			// Wait (briefly: a frozen server may never answer) for the
+			// session's loop to end, so that its last events and log
+			// lines come before Close returns.
+			t := time.NewTimer(connectTimeout)
+			defer t.Stop()
+			for open := true; open; {
+				select {
+				case _, open = <-d.events:
+				case <-t.C:
+					open = false
+				}
+			}
 		}
 		d.bg.Wait()
 	})
