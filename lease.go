@@ -23,7 +23,8 @@ type Lease struct {
 	token    Token
 	bl       backend.Lease
 	askedTTL time.Duration
-	wd       *wdEntry // in the Locker's watchdog; nil without AutoRefresh
+	wd       *wdEntry  // in the Locker's watchdog; nil without AutoRefresh
+	obs      *leaseObs // for the Locker's Observer; nil without one
 
 	opMu     sync.Mutex // serializes Refresh and Release calls to bl
 	returned bool       // bl.Release succeeded or found the lock gone; under opMu
@@ -53,6 +54,9 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 		askedTTL: ao.TTL,
 		ttl:      bl.TTL(),
 	}
+	if l.opts.Observer != nil {
+		le.obs = &leaseObs{start: start}
+	}
 	le.setDeadline(start.Add(le.ttl - l.margin(le.ttl)))
 	// A loss the backend reports ends the lease, also while a Release or
 	// Close is under way. It is asked for before the lease is linked or
@@ -60,7 +64,7 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 	// Release); a loss known already ends the lease at once, and it is
 	// then neither linked nor refreshed.
 	if notifier, ok := bl.(backend.LossNotifier); ok {
-		notifier.NotifyLoss(le.end)
+		notifier.NotifyLoss(le.lostByBackend)
 	}
 
 	// le.mu is held until the lease is set up: the watchdog can end it
@@ -95,7 +99,7 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 		ctx, cancel := context.WithTimeout(context.Background(), closeReleaseTimeout)
 		defer cancel()
 		_ = le.release(ctx, ErrClosed)
-		le.end(ErrClosed)
+		le.end(ErrClosed, EndClosed)
 		return nil, ErrClosed
 	}
 	return le, nil
@@ -219,10 +223,25 @@ func (le *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
 	if ttl == 0 {
 		ttl = le.askedTTL
 	}
-	if err := le.l.checkTTL(ttl); err != nil {
-		return opErr("refresh", le.key, err)
+	if le.l.opts.Observer == nil {
+		if err := le.l.checkTTL(ttl); err != nil {
+			return opErr("refresh", le.key, err)
+		}
+		return le.refresh(ctx, ttl)
 	}
-	return le.refresh(ctx, ttl)
+	start := time.Now()
+	err := le.l.checkTTL(ttl)
+	if err != nil {
+		err = opErr("refresh", le.key, err)
+	} else {
+		err = le.refresh(ctx, ttl)
+	}
+	var granted time.Duration
+	if err == nil {
+		granted = le.TTL()
+	}
+	le.observeRefresh(ctx, false, start, ttl, granted, err)
+	return err
 }
 
 func (le *Lease) refresh(ctx context.Context, ttl time.Duration) error {
@@ -241,7 +260,7 @@ func (le *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 func (le *Lease) settle(ctx context.Context, start time.Time, ttl, granted time.Duration, err error) error {
 	if err != nil {
 		if errors.Is(err, ErrNotHeld) {
-			le.end(fmt.Errorf("%w: refresh found the lock no longer ours", ErrLeaseLost))
+			le.end(fmt.Errorf("%w: refresh found the lock no longer ours", ErrLeaseLost), EndNotHeld)
 			return opErr("refresh", le.key, err)
 		}
 		// The outcome is unknown: the server may have set the new TTL.
@@ -277,10 +296,18 @@ func (le *Lease) settle(ctx context.Context, start time.Time, ttl, granted time.
 // give the lock back (and returns ErrNotHeld); otherwise the lock ends with
 // its TTL.
 func (le *Lease) Release(ctx context.Context) error {
-	if err := le.release(ctx, errReleased); err != nil {
-		return opErr("release", le.key, err)
+	var start time.Time
+	if le.l.opts.Observer != nil {
+		start = time.Now()
 	}
-	return nil
+	err := le.release(ctx, errReleased)
+	if err != nil {
+		err = opErr("release", le.key, err)
+	}
+	if le.l.opts.Observer != nil {
+		le.observeRelease(ctx, start, err)
+	}
+	return err
 }
 
 // giveBack releases the lock of a lease that has ended already, if it may
@@ -328,20 +355,24 @@ func (le *Lease) release(ctx context.Context, reason error) error {
 	switch {
 	case err == nil:
 		le.returned = true
-		le.end(reason)
+		if reason == ErrClosed {
+			le.end(reason, EndClosed)
+		} else {
+			le.end(reason, EndReleased)
+		}
 		return nil
 	case errors.Is(err, ErrNotHeld):
 		le.returned = true
-		le.end(fmt.Errorf("%w: release found the lock no longer ours", ErrLeaseLost))
+		le.end(fmt.Errorf("%w: release found the lock no longer ours", ErrLeaseLost), EndNotHeld)
 		return err
 	default:
 		// The outcome is unknown: the lock may be free already, so the
 		// lease can no longer be trusted. A later Release tries again
 		// to give the lock back.
 		if reason == ErrClosed {
-			le.end(fmt.Errorf("%w: the release at close failed, the lock may be free: %w", ErrClosed, err))
+			le.end(fmt.Errorf("%w: the release at close failed, the lock may be free: %w", ErrClosed, err), EndClosed)
 		} else {
-			le.end(fmt.Errorf("%w: release failed, the lock may be free: %w", ErrLeaseLost, err))
+			le.end(fmt.Errorf("%w: release failed, the lock may be free: %w", ErrLeaseLost, err), EndReleaseFailed)
 		}
 		return err
 	}
@@ -356,19 +387,29 @@ func notHeld(reason error) error {
 	return fmt.Errorf("%w: %w", ErrNotHeld, reason)
 }
 
-// end ends the lease once, with err as the reason.
-func (le *Lease) end(err error) {
+// end ends the lease once, with err as its Err; why classifies it for the
+// Observer.
+func (le *Lease) end(err error, why EndReason) {
 	le.mu.Lock()
 	defer le.mu.Unlock()
-	le.endLocked(err)
+	le.endLocked(err, why)
 }
 
+// lostByBackend is the backend's loss callback (backend.LossNotifier).
+func (le *Lease) lostByBackend(err error) { le.end(err, EndBackend) }
+
 // endLocked is end with le.mu held.
-func (le *Lease) endLocked(err error) {
+func (le *Lease) endLocked(err error, why EndReason) {
 	if le.err != nil {
 		return
 	}
 	le.err = err
+	if o := le.obs; o != nil {
+		o.why = why
+		if o.observed {
+			le.observeEnd() // on a goroutine of its own
+		}
+	}
 	for cancel := range le.onEnd {
 		(*cancel)(err)
 	}
@@ -403,7 +444,7 @@ func (le *Lease) checkDeadline() {
 	le.mu.Lock()
 	defer le.mu.Unlock()
 	if le.err == nil && !time.Now().Before(le.deadline) {
-		le.endLocked(fmt.Errorf("%w: deadline passed without a refresh", ErrLeaseLost))
+		le.endLocked(fmt.Errorf("%w: deadline passed without a refresh", ErrLeaseLost), EndExpired)
 	}
 }
 

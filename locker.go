@@ -125,6 +125,10 @@ type Options struct {
 	// to the backend. A normal Close logs nothing above Debug. Default
 	// slog.Default().
 	Logger *slog.Logger
+	// Observer receives the events of acquires and leases, for metrics
+	// and traces (package github.com/dlock-go/dlock/otel adapts it to
+	// OpenTelemetry). Default nil: no events.
+	Observer Observer
 }
 
 // AcquireOptions configure one acquire. A nil *AcquireOptions means all
@@ -162,6 +166,7 @@ type Locker struct {
 	close     context.CancelFunc
 	closeDone chan struct{}  // closed when Close has finished
 	bg        sync.WaitGroup // the watchdog and its batches
+	observers sync.WaitGroup // Observer.LeaseEnd calls in progress
 	wd        watchdog
 
 	lineMu sync.Mutex
@@ -311,16 +316,24 @@ func isNil(target any) bool {
 // makes attempts, the others wait for their turn, so a release costs one
 // attempt per Locker whatever the number of waiters.
 func (l *Locker) Acquire(ctx context.Context, key string, opts *AcquireOptions) (*Lease, error) {
-	return l.acquire(ctx, "acquire", key, opts, true)
+	if o := l.opts.Observer; o != nil {
+		return l.observedAcquire(ctx, o, "acquire", key, opts, true)
+	}
+	return l.acquire(ctx, "acquire", key, opts, true, new(int))
 }
 
 // TryAcquire makes one attempt: it returns ErrNotAcquired at once if the key
 // is held elsewhere.
 func (l *Locker) TryAcquire(ctx context.Context, key string, opts *AcquireOptions) (*Lease, error) {
-	return l.acquire(ctx, "try-acquire", key, opts, false)
+	if o := l.opts.Observer; o != nil {
+		return l.observedAcquire(ctx, o, "try-acquire", key, opts, false)
+	}
+	return l.acquire(ctx, "try-acquire", key, opts, false, new(int))
 }
 
-func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptions, wait bool) (*Lease, error) {
+// acquire is Acquire (wait) or TryAcquire; *attempts counts the attempts
+// made on the backend.
+func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptions, wait bool, attempts *int) (*Lease, error) {
 	var ao AcquireOptions
 	if opts != nil {
 		ao = *opts
@@ -360,6 +373,7 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 	// turn: the head of the line attempts for all (see line).
 	tried := false
 	if !wait || (queuer == nil && !l.inLine(key)) {
+		*attempts++
 		lease, err = l.try(ctx, key, &ao, l.drv.TryAcquire)
 		if err == nil || !wait || !goOn(ctx, err) {
 			return lease, l.acquireErr(ctx, op, key, err)
@@ -374,6 +388,7 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 	defer context.AfterFunc(l.closing, func() { cancel(ErrClosed) })()
 	if queuer != nil {
 		// The backend's own queue does the waiting.
+		*attempts++
 		lease, err = l.try(ctx, key, &ao, queuer.Acquire)
 		return lease, l.acquireErr(ctx, op, key, err)
 	}
@@ -446,6 +461,7 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 			}
 			attempt++
 		}
+		*attempts++
 		lease, err = l.try(ctx, key, &ao, l.drv.TryAcquire)
 		if err == nil || !goOn(ctx, err) {
 			return lease, l.acquireErr(ctx, op, key, err)
@@ -790,13 +806,14 @@ func (l *Locker) Close() error {
 			if err := le.release(ctx, ErrClosed); err != nil && !errors.Is(err, ErrNotHeld) {
 				l.log.Warn("dlock: release at close failed; the lock stays until its TTL ends", "key", le.key, "err", err)
 			}
-			le.end(ErrClosed) // if the release failed
+			le.end(ErrClosed, EndClosed) // if the release failed
 		}()
 	}
 	wg.Wait()
 	cancel()
 	l.inflight.Wait()
 	l.bg.Wait()
+	l.observers.Wait()
 	if err := l.drv.Close(); err != nil {
 		return opErr("close", "", err)
 	}

@@ -258,6 +258,13 @@ func (w *watchdog) run(b *wdBatch, batch []*wdEntry) {
 		le, r := e.le, &reqs[i]
 		err := le.settle(ctx, start, r.TTL, r.Granted, r.Err)
 		le.opMu.Unlock()
+		if l.opts.Observer != nil {
+			granted := r.Granted
+			if err != nil {
+				granted = 0
+			}
+			le.observeRefresh(b.ctx, true, start, r.TTL, granted, err)
+		}
 		switch {
 		case err == nil:
 			w.requeue(e, time.Now().Add(e.interval))

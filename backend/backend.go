@@ -271,6 +271,15 @@ type Anchored interface {
 	Anchor() time.Time
 }
 
+// Namer is implemented by a [Driver] that names its backend ("redis",
+// "etcd", ...): the name is the backend attribute of the events a
+// dlock.Observer receives (metrics and traces). Without it the name is
+// "unknown".
+type Namer interface {
+	// Name returns the backend's name, a short constant.
+	Name() string
+}
+
 // Drifter is implemented by a [Driver] whose algorithm allows more clock
 // drift than the dlock layer's default (Redlock's DriftFactor option): the
 // Locker then counts Lease.Deadline with the larger factor.

@@ -710,3 +710,6 @@ func (d *Driver) get(ctx context.Context, doing, key string, opts ...clientv3.Op
 func unavailable(doing string, err error) error {
 	return fmt.Errorf("%w: etcd: %s: %w", backend.ErrUnavailable, doing, err)
 }
+
+// Name implements backend.Namer: "etcd".
+func (d *Driver) Name() string { return "etcd" }

@@ -283,3 +283,6 @@ func (l *lease) NotifyLoss(f func(error)) {
 	}
 	l.g.onLost = f
 }
+
+// Name implements backend.Namer: "memory".
+func (d *Driver) Name() string { return "memory" }
