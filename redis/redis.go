@@ -660,3 +660,6 @@ func (l *lease) cleanupAfter(ctx context.Context, cut *pending) {
 	}
 	_ = releaseScript.Run(ctx, l.d.client, l.keys[:1], l.args[:1]...).Err()
 }
+
+// Name implements backend.Namer: "redis".
+func (d *Driver) Name() string { return "redis" }

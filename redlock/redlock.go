@@ -295,3 +295,6 @@ func newValue() string {
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
+
+// Name implements backend.Namer: "redlock".
+func (d *Driver) Name() string { return "redlock" }

@@ -1006,3 +1006,6 @@ func (d *Driver) acquireErr(ctx context.Context, err error) error {
 func unavailable(doing string, err error) error {
 	return fmt.Errorf("%w: zookeeper: %s: %w", backend.ErrUnavailable, doing, err)
 }
+
+// Name implements backend.Namer: "zookeeper".
+func (d *Driver) Name() string { return "zookeeper" }
