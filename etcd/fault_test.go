@@ -77,7 +77,7 @@ func tryUntilAnswered(t *testing.T, l *dlock.Locker, key string) (*dlock.Lease, 
 // held, and stays down. The watchdog keeps the lease alive through the new
 // leader past its TTL, and the lock is still held on the servers. (Mutual
 // exclusion, token order and progress across a leader kill and restart are
-// the fault matrix's KillRestart cell, conformance/matrix.)
+// the fault matrix's KillRestart cell, tests/matrix.)
 func TestWatchdogAcrossLeaderKill(t *testing.T) {
 	t.Parallel()
 	c := faultCluster(t)

@@ -17,10 +17,10 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
-	"github.com/dlock-go/dlock/internal/redisscript"
+	"github.com/dlock-go/dlock/internal/redisx/redisscript"
 )
 
-// The scripts (internal/redisscript, shared with the redlock backend).
+// The scripts (internal/redisx/redisscript, shared with the redlock backend).
 var (
 	acquireScript     = redisscript.Acquire
 	releaseScript     = redisscript.Release

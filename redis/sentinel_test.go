@@ -11,7 +11,7 @@ import (
 // startSentinel starts a primary, replica and Sentinel of the test's own,
 // terminated when the test ends; it skips the test where they need host
 // networking and do not have it. (A lock across a Sentinel failover is the
-// fault matrix's FailoverBeforeReplication cell, conformance/matrix.)
+// fault matrix's FailoverBeforeReplication cell, tests/matrix.)
 func startSentinel(t *testing.T) *servers.RedisSentinel {
 	t.Helper()
 	r, err := servers.StartRedisSentinel(t.Context())

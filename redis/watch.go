@@ -3,11 +3,11 @@ package redis
 import (
 	"context"
 
-	"github.com/dlock-go/dlock/internal/redishub"
+	"github.com/dlock-go/dlock/internal/redisx/redishub"
 )
 
 // hub multiplexes the release channels of all watched keys over one go-redis
-// PubSub per Driver, created on the first Watch (see internal/redishub for
+// PubSub per Driver, created on the first Watch (see internal/redisx/redishub for
 // how a subscription is confirmed and what a reconnect does; the redlock
 // backend uses the same code, one Hub per node).
 type hub struct {

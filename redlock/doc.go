@@ -123,7 +123,7 @@
 // (Guarantees().WakesWaiters is true). Once an attempt has found the lock
 // held, the waiter subscribes to the key's release channel on every node
 // (one pub/sub connection per node, shared by all the Driver's waiters; the
-// redis backend's code, internal/redishub) and is woken when any node
+// redis backend's code, internal/redisx/redishub) and is woken when any node
 // publishes a release. The release script publishes on each node where a
 // waiter's attempt marked the lock, and the holder's majority shares a node
 // with the subscribed majority, so one release wakes every waiter. The

@@ -12,7 +12,7 @@ import (
 
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/conformance/servers"
-	"github.com/dlock-go/dlock/internal/redisscript"
+	"github.com/dlock-go/dlock/internal/redisx/redisscript"
 	"github.com/dlock-go/dlock/redlock"
 )
 

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock/backend"
-	"github.com/dlock-go/dlock/internal/redisscript"
+	"github.com/dlock-go/dlock/internal/redisx/redisscript"
 )
 
 // nodeState is what a lease knows of one node.

@@ -16,8 +16,8 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/bg"
-	"github.com/dlock-go/dlock/internal/redishub"
-	"github.com/dlock-go/dlock/internal/redisscript"
+	"github.com/dlock-go/dlock/internal/redisx/redishub"
+	"github.com/dlock-go/dlock/internal/redisx/redisscript"
 )
 
 // Defaults of [Options].

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock/backend"
-	"github.com/dlock-go/dlock/internal/redishub"
-	"github.com/dlock-go/dlock/internal/redisscript"
+	"github.com/dlock-go/dlock/internal/redisx/redishub"
+	"github.com/dlock-go/dlock/internal/redisx/redisscript"
 )
 
 // minWatchTimeout is the least time Watch gives the nodes to confirm a
@@ -23,7 +23,7 @@ func (d *Driver) watchTimeout() time.Duration { return max(4*d.nodeTimeout, minW
 
 // Watch (backend.Waiter) subscribes to key's release channel on every node,
 // through one pub/sub connection per node shared by all the Driver's
-// watchers (internal/redishub, as the redis backend does), and returns once
+// watchers (internal/redisx/redishub, as the redis backend does), and returns once
 // a majority of the nodes has confirmed the subscription; the other nodes'
 // subscriptions join when they are confirmed. A release published by any
 // node wakes the watcher: the holder's majority shares a node with the

@@ -303,7 +303,7 @@ func TestCancelledDuringCreate(t *testing.T) {
 // TestSessionExpired: the holder is cut off from the ensemble past its
 // session timeout (its connections closed, its dials refused). The server
 // expires the session and deletes its node, and another client takes the
-// lock. The fault matrix's Partition cell (conformance/matrix) checks the
+// lock. The fault matrix's Partition cell (tests/matrix) checks the
 // rest of this fault on ZooKeeper: the holder's Done fires, the next
 // holder's token is larger, its late write is refused and its Release
 // returns ErrNotHeld. This test checks what the cell does not: the lost
@@ -357,7 +357,7 @@ func TestSessionExpired(t *testing.T) {
 // of three killed, Acquire (without a deadline) fails with ErrUnavailable
 // within a few seconds. (Mutual exclusion, token order and progress across
 // a leader kill and restart are the fault matrix's KillRestart cell,
-// conformance/matrix.)
+// tests/matrix.)
 func TestEnsembleFailures(t *testing.T) {
 	t.Parallel()
 	e, err := servers.StartZooKeeper(t.Context(), 3)

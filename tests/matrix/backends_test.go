@@ -20,7 +20,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/etcd"
-	"github.com/dlock-go/dlock/internal/redisscript"
+	"github.com/dlock-go/dlock/internal/redisx/redisscript"
 	"github.com/dlock-go/dlock/redis"
 	"github.com/dlock-go/dlock/redlock"
 	"github.com/dlock-go/dlock/zookeeper"

@@ -16,7 +16,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/check"
 	"github.com/dlock-go/dlock/conformance/servers"
-	"github.com/dlock-go/dlock/internal/redisscript"
+	"github.com/dlock-go/dlock/internal/redisx/redisscript"
 	"github.com/dlock-go/dlock/redis"
 )
 

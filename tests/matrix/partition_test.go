@@ -189,7 +189,7 @@ func init() {
 // back late is given back within 5s, the dlock layer's bound, one round
 // trip here unless the connection must be made again; the redis and
 // redlock backends delete what a cut attempt may have taken within 2s),
-// so 5s and a margin. The pub/sub wake-ups add nothing: internal/redishub
+// so 5s and a margin. The pub/sub wake-ups add nothing: internal/redisx/redishub
 // returns from Watch when the context ends and unsubscribes in the
 // background (before, a failed Watch waited for go-redis to make the
 // pub/sub connection again over the slow link, several round trips).

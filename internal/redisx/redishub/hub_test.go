@@ -14,7 +14,7 @@ import (
 
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/conformance/servers"
-	"github.com/dlock-go/dlock/internal/redishub"
+	"github.com/dlock-go/dlock/internal/redisx/redishub"
 )
 
 func TestMain(m *testing.M) { servers.Main(m) }
