@@ -23,16 +23,12 @@ type Etcd struct {
 	Client *clientv3.Client
 }
 
-// Put stores value under key if token is at least the highest token a
-// write to key has carried (equal tokens pass), and records token. A lower
-// token gets a *StaleError and changes nothing. Other errors wrap
-// dlock.ErrUnavailable.
-func (e Etcd) Put(ctx context.Context, key, value string, token dlock.Token) error {
-	if token == 0 {
-		return errNoToken(key)
-	}
-	if key == "" || e.Client == nil {
-		return fmt.Errorf("%w: fence: etcd: empty key or nil client", backend.ErrInvalidConfig)
+// Set stores value under key if token is at least the highest token a
+// write to key has carried (equal tokens pass), and records token, in one
+// transaction; see [Store] for the errors.
+func (e Etcd) Set(ctx context.Context, key, value string, token dlock.Token) error {
+	if err := checkSet("etcd", key, token, e.Client == nil); err != nil {
+		return err
 	}
 	tk, tok := key+EtcdTokenSuffix, padded(token)
 	write := []clientv3.Op{clientv3.OpPut(key, value), clientv3.OpPut(tk, tok)}

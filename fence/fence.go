@@ -7,7 +7,8 @@
 // write.
 //
 // Equal tokens pass (the same holder's repeated writes); lower ones fail.
-// Each check is atomic with its write:
+// Each check is atomic with its write. The stores share one verb, [Store]'s
+// Set(ctx, key, value, token), with the same errors:
 //
 //   - [Guard]: in memory, for tests and for wrapping any Go resource.
 //   - [SQLTable]: a conditional upsert in one statement (PostgreSQL).
@@ -21,6 +22,7 @@
 package fence
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -103,6 +105,36 @@ func (g *Guard) Highest(resource string) dlock.Token {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.highest
+}
+
+// Store is a fenced key-value store: [Redis], [Etcd] and [SQLTable] have
+// it. Set writes value under key if token is at least the highest token a
+// write to key has carried (equal tokens pass) and records token, in one
+// atomic step. A lower token gets a *StaleError (matching ErrStaleToken)
+// and changes nothing. Token 0, an empty key or a missing client is an
+// error wrapping dlock.ErrInvalidConfig, before any I/O; a failure of the
+// store wraps dlock.ErrUnavailable.
+type Store interface {
+	Set(ctx context.Context, key, value string, token dlock.Token) error
+}
+
+var (
+	_ Store = Redis{}
+	_ Store = Etcd{}
+	_ Store = SQLTable{}
+)
+
+// checkSet is the input check every Store's Set makes before any I/O.
+func checkSet(store, key string, token dlock.Token, noClient bool) error {
+	switch {
+	case token == 0:
+		return errNoToken(key)
+	case key == "":
+		return fmt.Errorf("%w: fence: %s: empty key", dlock.ErrInvalidConfig, store)
+	case noClient:
+		return fmt.Errorf("%w: fence: %s: no client", dlock.ErrInvalidConfig, store)
+	}
+	return nil
 }
 
 func errNoToken(resource string) error {

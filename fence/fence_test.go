@@ -1,13 +1,20 @@
 package fence_test
 
 import (
+	"context"
+	"database/sql"
 	"errors"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"sync"
 	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/fence"
@@ -137,6 +144,73 @@ func TestMiddleware(t *testing.T) {
 	fence.SetHeader(r.Header, 42)
 	if r.Header.Get(fence.Header) != "42" {
 		t.Errorf("SetHeader: %q", r.Header.Get(fence.Header))
+	}
+}
+
+// noDB is a fence.DB that counts the statements it is asked to run.
+type noDB struct{ calls *int }
+
+func (d noDB) ExecContext(context.Context, string, ...any) (sql.Result, error) {
+	*d.calls++
+	return nil, errors.New("noDB")
+}
+
+func (d noDB) QueryRowContext(context.Context, string, ...any) *sql.Row {
+	*d.calls++
+	return nil
+}
+
+// TestStoresCheckInput: every Store refuses token 0, an empty key and a
+// missing client the same way, with ErrInvalidConfig and before any I/O.
+// The clients point at a port nothing serves: a Set that reached the store
+// would fail with ErrUnavailable instead.
+func TestStoresCheckInput(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	rc := goredis.NewClient(&goredis.Options{Addr: addr, MaxRetries: -1})
+	defer rc.Close()
+	ec, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ec.Close()
+	var stmts int
+	stores := map[string][2]fence.Store{ // with a client, without
+		"redis": {fence.Redis{Client: rc}, fence.Redis{}},
+		"etcd":  {fence.Etcd{Client: ec}, fence.Etcd{}},
+		"sql": {
+			fence.SQLTable{DB: noDB{&stmts}, Table: "t", KeyColumn: "id", ValueColumn: "v"},
+			fence.SQLTable{Table: "t", KeyColumn: "id", ValueColumn: "v"},
+		},
+	}
+	for name, s := range stores {
+		for _, c := range []struct {
+			what  string
+			store fence.Store
+			key   string
+			token dlock.Token
+		}{
+			{"token 0", s[0], "k", 0},
+			{"empty key", s[0], "", 7},
+			{"no client", s[1], "k", 7},
+		} {
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+			err := c.store.Set(ctx, c.key, "v", c.token)
+			cancel()
+			if !errors.Is(err, dlock.ErrInvalidConfig) {
+				t.Errorf("%s, %s: %v; want ErrInvalidConfig", name, c.what, err)
+			}
+		}
+	}
+	if stmts != 0 {
+		t.Errorf("sql: %d statements run for refused input", stmts)
+	}
+	if n := rc.PoolStats().TotalConns; n != 0 {
+		t.Errorf("redis: %d connections made for refused input", n)
 	}
 }
 

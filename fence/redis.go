@@ -30,16 +30,13 @@ type Redis struct {
 }
 
 // Set stores value under key if token is at least the highest token a
-// write to key has carried (equal tokens pass), and records token. A lower
-// token gets a *StaleError and changes nothing. Other errors wrap
-// dlock.ErrUnavailable.
-func (r Redis) Set(ctx context.Context, key string, value any, token dlock.Token) error {
-	if token == 0 {
-		return errNoToken(key)
+// write to key has carried (equal tokens pass), and records token, in one
+// script; see [Store] for the errors. A *goredis.Ring is refused.
+func (r Redis) Set(ctx context.Context, key, value string, token dlock.Token) error {
+	if err := checkSet("redis", key, token, r.Client == nil); err != nil {
+		return err
 	}
 	switch r.Client.(type) {
-	case nil:
-		return fmt.Errorf("%w: fence: redis: nil client", backend.ErrInvalidConfig)
 	case *goredis.Ring:
 		// A Ring moves keys to another shard when one looks unhealthy:
 		// the highest token would be forgotten.

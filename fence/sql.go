@@ -55,9 +55,9 @@ var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // it is missing. A lower token gets a *StaleError and changes nothing. Bad
 // table or column names wrap dlock.ErrInvalidConfig; database errors wrap
 // dlock.ErrUnavailable.
-func (t SQLTable) Set(ctx context.Context, key string, value any, token dlock.Token) error {
-	if token == 0 {
-		return errNoToken(key)
+func (t SQLTable) Set(ctx context.Context, key, value string, token dlock.Token) error {
+	if err := checkSet("sql", key, token, t.DB == nil); err != nil {
+		return err
 	}
 	if token > 1<<63-1 {
 		return fmt.Errorf("%w: fence: token %d does not fit a bigint column", backend.ErrInvalidConfig, token)
@@ -65,9 +65,6 @@ func (t SQLTable) Set(ctx context.Context, key string, value any, token dlock.To
 	tc := t.TokenColumn
 	if tc == "" {
 		tc = "fence_token"
-	}
-	if t.DB == nil {
-		return fmt.Errorf("%w: fence: sql: nil DB", backend.ErrInvalidConfig)
 	}
 	for _, id := range []string{t.Table, t.KeyColumn, t.ValueColumn, tc} {
 		if !identifier.MatchString(id) {
