@@ -164,7 +164,7 @@ ON CONFLICT (id) DO UPDATE SET body = EXCLUDED.body`, k, v)
 		{
 			name: "etcd",
 			write: func(ctx context.Context, k, v string, tok dlock.Token) error {
-				return fence.Etcd{Client: ec}.Put(ctx, k, v, tok)
+				return fence.Etcd{Client: ec}.Set(ctx, k, v, tok)
 			},
 			plain: func(ctx context.Context, k, v string) error { _, err := ec.Put(ctx, k, v); return err },
 			read: func(ctx context.Context, k string) string {

@@ -56,7 +56,7 @@ func (s stores) writeAll(ctx context.Context, key, v string, tok dlock.Token) (m
 	out := map[string]string{}
 	for name, err := range map[string]error{
 		"redis": fence.Redis{Client: rc}.Set(ctx, key, v, tok),
-		"etcd":  fence.Etcd{Client: ec}.Put(ctx, key, v, tok),
+		"etcd":  fence.Etcd{Client: ec}.Set(ctx, key, v, tok),
 		"sql":   fence.SQLTable{DB: db, Table: s.Table, KeyColumn: "id", ValueColumn: "body"}.Set(ctx, key, v, tok),
 	} {
 		switch {
