@@ -1,6 +1,7 @@
 package etcd
 
 import (
+	"log/slog"
 	"net/url"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -50,3 +51,6 @@ func BeforeWatch(d *Driver, f func()) {
 	defer d.hub.mu.Unlock()
 	d.hub.before = f
 }
+
+// LoggerOf returns the Logger d logs to.
+func LoggerOf(d *Driver) *slog.Logger { return d.log }

@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"log/slog"
 	"net/url"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -14,3 +15,6 @@ func ParseURL(u *url.URL) (*goredis.Options, *Options, error) { return parseURL(
 func NewDriverNoIO(client goredis.UniversalClient, opts *Options) (*Driver, error) {
 	return newDriver(client, opts)
 }
+
+// LoggerOf returns the Logger d logs to.
+func LoggerOf(d *Driver) *slog.Logger { return d.log }

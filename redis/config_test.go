@@ -1,0 +1,117 @@
+package redis_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/conformance"
+	"github.com/dlock-go/dlock/redis"
+)
+
+// A program opens a URL with its own client, Logger and Options through a
+// mux of its own; the client is not dialled from the URL, nor closed with
+// the Locker.
+func TestOpenURLWithOwnClient(t *testing.T) {
+	c := serverClient(t)
+	rec := &conformance.LogRecorder{}
+	log := slog.New(rec)
+	prefix := "own-" + uniqueKey(t) + ":"
+	var mux dlock.URLMux
+	mux.RegisterLocker("redis", &redis.URLOpener{Client: c, Options: redis.Options{
+		Prefix: prefix,
+		Locker: &dlock.Options{Logger: log, TTL: time.Minute},
+	}})
+	l, err := mux.OpenLocker(t.Context(), "redis://not-dialled?ttl=5s")
+	if err != nil {
+		t.Fatalf("OpenLocker: %v", err)
+	}
+	key := uniqueKey(t)
+	le, err := l.Acquire(t.Context(), key, nil)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if le.TTL() != 5*time.Second {
+		t.Errorf("TTL %v; want the URL's 5s over the Options' 1m", le.TTL())
+	}
+	if n, err := c.Exists(t.Context(), prefix+"{"+key+"}").Result(); err != nil || n != 1 {
+		t.Errorf("the lock under the Options' prefix: exists %d, %v; want 1", n, err)
+	}
+	var d backend.Driver
+	if !l.As(&d) || redis.LoggerOf(d.(*redis.Driver)) != log {
+		t.Errorf("the backend does not log to the Options' Logger")
+	}
+	if err := le.Release(t.Context()); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := c.Ping(t.Context()).Err(); err != nil {
+		t.Errorf("the program's client after Close: %v; want it open", err)
+	}
+	if got := rec.Above(slog.LevelDebug); len(got) > 0 {
+		t.Errorf("normal use and Close logged above Debug: %q", got)
+	}
+}
+
+// New refuses bad opts.Locker before any I/O: no connection reaches the
+// server.
+func TestNewRejectsBadLockerOptionsBeforeIO(t *testing.T) {
+	addr, accepted := recordingListener(t)
+	c := goredis.NewClient(&goredis.Options{Addr: addr, MaxRetries: -1})
+	defer c.Close()
+	for name, lo := range map[string]dlock.Options{
+		"negative retry":  {RetryMin: -time.Millisecond},
+		"TTL below floor": {TTL: time.Millisecond},
+		"drift factor":    {DriftFactor: 0.7},
+	} {
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		l, err := redis.New(ctx, c, &redis.Options{Locker: &lo})
+		cancel()
+		if l != nil {
+			_ = l.Close()
+		}
+		if !errors.Is(err, dlock.ErrInvalidConfig) && !errors.Is(err, dlock.ErrInvalidTTL) {
+			t.Errorf("%s: New = %v; want ErrInvalidConfig or ErrInvalidTTL", name, err)
+		}
+	}
+	if n := accepted.Load(); n != 0 {
+		t.Errorf("%d connections reached the server; want none (options are checked before any I/O)", n)
+	}
+}
+
+// recordingListener listens on a loopback port and counts the connections
+// made to it (closing each at once) until the test ends.
+func recordingListener(t *testing.T) (string, *atomic.Int32) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n atomic.Int32
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			n.Add(1)
+			_ = c.Close()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		<-done
+	})
+	return ln.Addr().String(), &n
+}
