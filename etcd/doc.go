@@ -186,8 +186,13 @@
 //	etcds://host1:2379/prefix?ca=ca.pem&cert=client.pem&key=client-key.pem
 //
 // The path is the key prefix ("/locks" means "locks/"; default "dlock/").
-// Parameters: ttl (every backend), dial_timeout (default 5s),
+// Every endpoint needs a host and a port from 1 to 65535 (default 2379).
+// Parameters: ttl (every backend; at least 1s), dial_timeout (default 5s:
+// the bound on Open's first round trip; when it runs out the error carries
+// gRPC's last connection error and the last dial error),
 // request_timeout (default 5s); for etcds (TLS): ca, cert, key (PEM
-// files; cert and key go together) and server_name. Unknown parameters are an error. A client built from a URL
+// files; cert and key go together) and server_name. Bad values and unknown
+// parameters are errors wrapping [backend.ErrInvalidConfig] (a ttl below
+// 1s: [backend.ErrInvalidTTL]), before any I/O. A client built from a URL
 // is closed when the Locker is.
 package etcd

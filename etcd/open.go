@@ -5,12 +5,14 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
@@ -65,9 +67,9 @@ func (o *URLOpener) Guarantees() dlock.Guarantees {
 	return dlock.Guarantees{Fencing: dlock.FencingConsensus}
 }
 
-// defaultDialTimeout bounds the connection attempt of a client built from a
-// URL.
-const defaultDialTimeout = 5 * time.Second
+// defaultDialTimeout bounds the first round trip of a client built from a
+// URL (dial_timeout).
+const defaultDialTimeout = urlparam.DefaultDialTimeout
 
 // A client built from a URL pings each member it has a stream to after
 // dialKeepAliveTime without traffic (gRPC's least allowed interval), and
@@ -97,9 +99,26 @@ func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error)
 		return nil, err
 	}
 	cfg.Context = context.WithoutCancel(ctx)
+	var dials urlparam.DialRecorder
+	cfg.DialOptions = append(cfg.DialOptions, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		dials.Note(err)
+		return c, err
+	}))
 	client, err := clientv3.New(*cfg)
 	if err != nil {
 		return nil, unavailable("connecting", err)
+	}
+	// dial_timeout bounds the first round trip (gRPC dials lazily, and
+	// the client retries a failed dial until its ctx ends); the error
+	// carries gRPC's last connection error (refused, x509, auth) and the
+	// last dial error.
+	fctx, cancel := urlparam.WithDialTimeout(ctx, cfg.DialTimeout)
+	_, err = client.MemberList(fctx)
+	cancel()
+	if err != nil {
+		_ = client.Close()
+		return nil, unavailable("first round trip", dials.Explain(fctx, err, cfg.DialTimeout))
 	}
 	d, err := NewDriver(ctx, client, opts)
 	if err != nil {
@@ -128,13 +147,11 @@ func parseURL(u *url.URL, base Options) (*clientv3.Config, *Options, error) {
 		DialKeepAliveTime:    dialKeepAliveTime,
 		DialKeepAliveTimeout: dialKeepAliveTimeout,
 	}
-	for _, h := range strings.Split(u.Host, ",") {
-		if h == "" || strings.HasPrefix(h, ":") {
-			return nil, nil, bad("empty host in endpoint list %q", u.Host)
-		}
-		if !strings.Contains(h, ":") || strings.HasSuffix(h, "]") {
-			h += ":2379"
-		}
+	hosts, err := urlparam.Hosts(u.Host, "2379", "endpoint")
+	if err != nil {
+		return nil, nil, urlparam.In("etcd", err)
+	}
+	for _, h := range hosts {
 		scheme := "http://"
 		if u.Scheme == "etcds" {
 			scheme = "https://"
@@ -149,18 +166,12 @@ func parseURL(u *url.URL, base Options) (*clientv3.Config, *Options, error) {
 	if p := strings.Trim(u.Path, "/"); p != "" {
 		o.Prefix = p + "/"
 	}
-	q, err := url.ParseQuery(u.RawQuery)
+	q, err := urlparam.Query(u)
 	if err != nil {
-		return nil, nil, bad("query of %s: %w", u.Redacted(), err)
+		return nil, nil, urlparam.In("etcd", err)
 	}
-	if v, ok, err := urlparam.Take(q, "dial_timeout"); err != nil {
-		return nil, nil, err
-	} else if ok {
-		t, err := time.ParseDuration(v)
-		if err != nil || t <= 0 {
-			return nil, nil, bad("parameter dial_timeout=%q: want a positive duration such as 5s", v)
-		}
-		cfg.DialTimeout = t
+	if cfg.DialTimeout, err = urlparam.DialTimeout(q); err != nil {
+		return nil, nil, urlparam.In("etcd", err)
 	}
 	if v, ok, err := urlparam.Take(q, "request_timeout"); err != nil {
 		return nil, nil, err
@@ -182,8 +193,8 @@ func parseURL(u *url.URL, base Options) (*clientv3.Config, *Options, error) {
 		}
 		tlsParams[i] = v
 	}
-	for name := range q {
-		return nil, nil, bad("unknown parameter %q (known: ttl, dial_timeout, request_timeout, ca, cert, key, server_name)", name)
+	if err := urlparam.NoneLeft(q, "ttl", "dial_timeout", "request_timeout", "ca", "cert", "key", "server_name"); err != nil {
+		return nil, nil, urlparam.In("etcd", err)
 	}
 	if u.Scheme == "etcds" {
 		tc, err := tlsConfig(tlsParams[0], tlsParams[1], tlsParams[2], tlsParams[3])

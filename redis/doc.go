@@ -215,14 +215,26 @@
 //
 //	redis://[[user]:password@]host[:port][/db][?param=value&...]
 //
-// Host, port, ACL user, password and database are parsed by
+// One host is required (no localhost default), with a port from 1 to 65535
+// (default 6379). ACL user, password and database are parsed by
 // [goredis.ParseURL]. The backend's own parameters are prefix, wait_replicas,
 // wait_timeout (a Go duration such as 250ms), fence_retention (a Go
-// duration of at least 1ms, or never) and eviction_check (refuse, warn or
-// ignore). Every other parameter is passed to go-redis, which
-// accepts its documented client parameters (dial_timeout, read_timeout,
-// pool_size, db, protocol, client_name, skip_verify, ...) and rejects
-// anything else; either way an unknown parameter is an error wrapping
-// [backend.ErrInvalidConfig], before any I/O. The client built from a URL is
-// closed by the Locker's Close; a client passed to [New] is never closed.
+// duration of at least 1ms, or never), eviction_check (refuse, warn or
+// ignore) and dial_timeout (default 5s): the bound on Open's first round
+// trip (the eviction check and the script loads, dials and go-redis's
+// retries included), also go-redis's DialTimeout; when it runs out the error
+// says so and carries the last dial error (connection refused, x509, ...).
+// The go-redis client parameters are passed through after a check here:
+// client_name, protocol (2 or 3), db, max_retries (-1 or more),
+// pool_size, min_idle_conns, max_idle_conns, max_active_conns,
+// max_concurrent_dials (0 to 65536), pipeline_pool_size (-1 to 65536),
+// pipeline_read_buffer_size and pipeline_write_buffer_size (0 to 64 MiB),
+// the durations min_retry_backoff, max_retry_backoff, read_timeout,
+// write_timeout, pool_timeout, conn_max_idle_time (idle_timeout),
+// conn_max_lifetime (max_conn_age), conn_max_lifetime_jitter, and the
+// booleans pool_fifo and (rediss only) skip_verify. A malformed query, a
+// value out of range and an unknown parameter (whose error lists the known
+// ones) are errors wrapping [backend.ErrInvalidConfig], before any I/O. The
+// client built from a URL is closed by the Locker's Close; a client passed
+// to [New] is never closed.
 package redis

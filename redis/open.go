@@ -3,8 +3,10 @@ package redis
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -91,17 +93,41 @@ func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error)
 	// waiting for a pooled connection.
 	clientOpts.ContextTimeoutEnabled = true
 	client := goredis.NewClient(clientOpts) // no I/O yet
+	var dials urlparam.DialRecorder
+	client.AddHook(dialHook{&dials})
 	d, err := newDriver(client, opts)
 	if err != nil {
 		_ = client.Close()
 		return nil, err
 	}
 	d.ownsClient = true
-	if err := d.start(ctx); err != nil {
+	// dial_timeout bounds the first round trip (the eviction check and
+	// the script loads), dials and their retries included; the error says
+	// why the dials failed.
+	sctx, cancel := urlparam.WithDialTimeout(ctx, clientOpts.DialTimeout)
+	defer cancel()
+	if err := d.start(sctx); err != nil {
 		_ = client.Close()
-		return nil, err
+		return nil, dials.Explain(sctx, err, clientOpts.DialTimeout)
 	}
 	return d, nil
+}
+
+// dialHook records the client's failed dials (TLS handshakes included).
+type dialHook struct{ dials *urlparam.DialRecorder }
+
+func (h dialHook) DialHook(next goredis.DialHook) goredis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		h.dials.Note(err)
+		return c, err
+	}
+}
+
+func (dialHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook { return next }
+
+func (dialHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
 }
 
 // parseURL splits u into the backend's options (base, with the fields the
@@ -113,9 +139,26 @@ func parseURL(u *url.URL, base Options) (*goredis.Options, *Options, error) {
 	if u.Scheme != "redis" && u.Scheme != "rediss" {
 		return nil, nil, bad("scheme %q: want redis or rediss", u.Scheme)
 	}
-	q, err := url.ParseQuery(u.RawQuery)
+	// go-redis would dial localhost:6379 for an empty host, and take any
+	// port: check them here, before any I/O.
+	if _, err := urlparam.Hosts(u.Host, "6379", "server"); err != nil {
+		return nil, nil, urlparam.In("redis", err)
+	}
+	if strings.Contains(u.Host, ",") {
+		return nil, nil, bad("one server per URL, not %q (several independent masters: the redlock scheme)", u.Host)
+	}
+	if p := strings.Trim(u.Path, "/"); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 0 || strings.Trim(p, "0123456789") != "" {
+			return nil, nil, bad("database %q: want a number ≥ 0", p)
+		}
+	}
+	q, err := urlparam.Query(u)
 	if err != nil {
-		return nil, nil, bad("query of %s: %w", u.Redacted(), err)
+		return nil, nil, urlparam.In("redis", err)
+	}
+	dialTimeout, err := urlparam.DialTimeout(q)
+	if err != nil {
+		return nil, nil, urlparam.In("redis", err)
 	}
 	o := base
 	if v, ok, err := urlparam.Take(q, "prefix"); err != nil {
@@ -168,14 +211,20 @@ func parseURL(u *url.URL, base Options) (*goredis.Options, *Options, error) {
 			return nil, nil, bad("parameter eviction_check=%q: want refuse, warn or ignore", v)
 		}
 	}
+	// The go-redis parameters we pass through, checked here: go-redis
+	// takes any int (pool_size=-5 or 3000000000 panics when the client is
+	// made) and reports an unknown one without the list of known ones.
+	if err := checkGoredisParams(q, u.Scheme == "rediss"); err != nil {
+		return nil, nil, urlparam.In("redis", err)
+	}
 	rest := *u
 	rest.RawQuery = q.Encode()
 	co, err := goredis.ParseURL(rest.String())
 	if err != nil {
-		// go-redis rejects unknown parameters ("unexpected option") and bad
-		// values; its messages do not include the password.
-		// go-redis's messages begin with "redis: " already.
+		// Bad values the checks above let through; go-redis's messages do
+		// not include the password, and begin with "redis: " already.
 		return nil, nil, fmt.Errorf("%w: %w", backend.ErrInvalidConfig, err)
 	}
+	co.DialTimeout = dialTimeout
 	return co, &o, nil
 }

@@ -203,7 +203,13 @@
 //
 // # URL
 //
-//	redlock://[[user]:password@]h1:6379,h2:6379,h3:6379[/db]?ttl=10s&prefix=dlock:&drift_factor=0.01&node_timeout=50ms
+//	redlock://[[user]:password@]h1:6379,h2:6379,h3:6379[/db]?ttl=10s&prefix=dlock:&drift_factor=0.01&node_timeout=50ms&dial_timeout=5s
 //
-// The credentials and database apply to every node.
+// The credentials and database apply to every node; every node needs a
+// host and a port from 1 to 65535 (default 6379). Parameters: ttl (every
+// backend), prefix, drift_factor (above 0, below 0.5), node_timeout, and
+// dial_timeout (default 5s): Open pings every node and fails, by then, with
+// each failed node's error (and its last dial error) unless a majority
+// answered. Bad values and unknown parameters are errors wrapping
+// [backend.ErrInvalidConfig], before any I/O.
 package redlock

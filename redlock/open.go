@@ -3,9 +3,12 @@ package redlock
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -70,8 +73,11 @@ func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error)
 		return nil, err
 	}
 	clients := make([]goredis.UniversalClient, len(nodes))
+	dials := make([]urlparam.DialRecorder, len(nodes))
 	for i, o := range nodes {
-		clients[i] = goredis.NewClient(o)
+		c := goredis.NewClient(o)
+		c.AddHook(dialHook{&dials[i]})
+		clients[i] = c
 	}
 	d, err := NewDriver(ctx, clients, opts)
 	if err != nil {
@@ -81,7 +87,78 @@ func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error)
 		return nil, err
 	}
 	d.ownsClients = true
+	if err := reachQuorum(ctx, d, dials, nodes[0].DialTimeout); err != nil {
+		_ = d.Close()
+		return nil, err
+	}
 	return d, nil
+}
+
+// reachQuorum pings every node in parallel, within dialTimeout, and
+// returns nil as soon as a majority has answered, or an error wrapping
+// backend.ErrUnavailable with each failed node's error (and its last dial
+// error) once a majority can no longer answer.
+func reachQuorum(ctx context.Context, d *Driver, dials []urlparam.DialRecorder, dialTimeout time.Duration) error {
+	pctx, cancel := urlparam.WithDialTimeout(ctx, dialTimeout)
+	type reply struct {
+		i   int
+		err error
+	}
+	replies := make(chan reply, len(d.nodes))
+	var wg sync.WaitGroup
+	for i, c := range d.nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := c.Ping(pctx).Err()
+			replies <- reply{i, dials[i].Explain(pctx, err, dialTimeout)}
+		}()
+	}
+	defer func() {
+		cancel() // ends the pings still out
+		wg.Wait()
+	}()
+	ok, failed := 0, make([]string, 0, len(d.nodes))
+	for range d.nodes {
+		r := <-replies
+		if r.err == nil {
+			if ok++; ok >= d.quorum {
+				return nil
+			}
+			continue
+		}
+		failed = append(failed, fmt.Sprintf("node %d (%s): %v", r.i, nodeAddr(d.nodes[r.i]), r.err))
+		if len(failed) > len(d.nodes)-d.quorum {
+			break
+		}
+	}
+	slices.Sort(failed)
+	return fmt.Errorf("%w: redlock: %d of %d nodes answered, a majority (%d) is needed: %s",
+		backend.ErrUnavailable, ok, len(d.nodes), d.quorum, strings.Join(failed, "; "))
+}
+
+func nodeAddr(c goredis.UniversalClient) string {
+	if c, ok := c.(*goredis.Client); ok {
+		return c.Options().Addr
+	}
+	return "?"
+}
+
+// dialHook records a client's failed dials (TLS handshakes included).
+type dialHook struct{ dials *urlparam.DialRecorder }
+
+func (h dialHook) DialHook(next goredis.DialHook) goredis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		h.dials.Note(err)
+		return c, err
+	}
+}
+
+func (dialHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook { return next }
+
+func (dialHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
 }
 
 // parseURL turns u into one client configuration per node and the options
@@ -96,17 +173,25 @@ func parseURL(u *url.URL, base Options) ([]*goredis.Options, *Options, error) {
 	if u.Host == "" {
 		return nil, nil, bad("no nodes in %s (want redlock://h1:6379,h2:6379,h3:6379)", u.Redacted())
 	}
+	addrs, err := urlparam.Hosts(u.Host, "6379", "node")
+	if err != nil {
+		return nil, nil, urlparam.In("redlock", err)
+	}
 	db := 0
 	if p := strings.Trim(u.Path, "/"); p != "" {
 		n, err := strconv.Atoi(p)
-		if err != nil || n < 0 {
-			return nil, nil, bad("database %q: want a number", p)
+		if err != nil || n < 0 || strings.Trim(p, "0123456789") != "" {
+			return nil, nil, bad("database %q: want a number ≥ 0", p)
 		}
 		db = n
 	}
-	q, err := url.ParseQuery(u.RawQuery)
+	q, err := urlparam.Query(u)
 	if err != nil {
-		return nil, nil, bad("query of %s: %w", u.Redacted(), err)
+		return nil, nil, urlparam.In("redlock", err)
+	}
+	dialTimeout, err := urlparam.DialTimeout(q)
+	if err != nil {
+		return nil, nil, urlparam.In("redlock", err)
 	}
 	o := base
 	if v, ok, err := urlparam.Take(q, "prefix"); err != nil {
@@ -118,7 +203,7 @@ func parseURL(u *url.URL, base Options) ([]*goredis.Options, *Options, error) {
 		return nil, nil, err
 	} else if ok {
 		f, err := strconv.ParseFloat(v, 64)
-		if err != nil || f <= 0 || f >= 0.5 {
+		if err != nil || !(f > 0 && f < 0.5) { // NaN too
 			return nil, nil, bad("parameter drift_factor=%q: want a number above 0 and below 0.5", v)
 		}
 		o.DriftFactor = f
@@ -132,20 +217,14 @@ func parseURL(u *url.URL, base Options) ([]*goredis.Options, *Options, error) {
 		}
 		o.NodeTimeout = t
 	}
-	for name := range q {
-		return nil, nil, bad("unknown parameter %q (known: ttl, prefix, drift_factor, node_timeout)", name)
+	if err := urlparam.NoneLeft(q, "ttl", "prefix", "drift_factor", "node_timeout", "dial_timeout"); err != nil {
+		return nil, nil, urlparam.In("redlock", err)
 	}
 	var nodes []*goredis.Options
-	for _, h := range strings.Split(u.Host, ",") {
-		if h == "" || strings.HasPrefix(h, ":") {
-			return nil, nil, bad("empty host in node list %q", u.Host)
-		}
-		if !strings.Contains(h, ":") || strings.HasSuffix(h, "]") {
-			h += ":6379"
-		}
+	for _, h := range addrs {
 		// A node listed twice, under any spelling, is refused by
 		// NewDriver (checkServers).
-		co := &goredis.Options{Addr: h, DB: db, ContextTimeoutEnabled: true}
+		co := &goredis.Options{Addr: h, DB: db, ContextTimeoutEnabled: true, DialTimeout: dialTimeout}
 		if u.User != nil {
 			co.Username = u.User.Username()
 			co.Password, _ = u.User.Password()

@@ -179,10 +179,16 @@
 //
 //	zk://[user:password@]host1:2181,host2:2181[/prefix]?session_timeout=30s&ttl=20s
 //
-// The path is the prefix znode (default /dlock), created if missing.
-// user:password turns on digest authentication: nodes are then created with
-// an ACL for that identity only. Parameters: ttl (every backend) and
-// session_timeout (default 40s). Unknown parameters are an error.
+// The path is the prefix znode (default /dlock), created if missing: no
+// empty, "." or ".." element, no NUL or other character ZooKeeper refuses,
+// not under /zookeeper. Every server needs a host and a port from 1 to
+// 65535 (default 2181). user:password turns on digest authentication: nodes
+// are then created with an ACL for that identity only. Parameters: ttl
+// (every backend), session_timeout (default 40s) and dial_timeout (default
+// 5s): the bound on Open's wait for a session; when it runs out the client
+// is closed (no reconnect loop left) and the error carries the last dial
+// error. Bad values and unknown parameters are errors wrapping
+// [backend.ErrInvalidConfig], before any I/O.
 //
 // # Connection
 //

@@ -3,6 +3,7 @@ package zookeeper
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -22,7 +23,8 @@ func init() {
 //
 // The path is the prefix znode (default /dlock). user:password turns on
 // digest authentication. Parameters: ttl (every backend), session_timeout
-// (default 40s). The package registers a zero URLOpener on
+// (default 40s), dial_timeout (default 5s; the bound on the wait for a
+// session). The package registers a zero URLOpener on
 // dlock.DefaultURLMux; register one of your own on a dlock.URLMux to open
 // URLs with your own Logger or Options (Options.Dialer opens the
 // connections to the servers the URL names). There is no client to pass:
@@ -52,63 +54,89 @@ func (o *URLOpener) Guarantees() dlock.Guarantees {
 	return dlock.Guarantees{Fencing: dlock.FencingConsensus}
 }
 
-// open connects to the servers of u.
+// open connects to the servers of u. dial_timeout bounds the wait for the
+// first session (and the prefix node's creation); on failure the client is
+// closed (no reconnect loop or warnings left) and the error carries the
+// last dial error.
 func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error) {
-	servers, opts, err := parseURL(u, base)
+	servers, opts, dialTimeout, err := parseURLTimeout(u, base)
 	if err != nil {
 		return nil, err
 	}
-	return NewDriver(ctx, servers, opts)
+	var dials urlparam.DialRecorder
+	dial := opts.Dialer
+	if dial == nil {
+		dial = net.DialTimeout
+	}
+	opts.Dialer = func(network, addr string, timeout time.Duration) (net.Conn, error) {
+		c, err := dial(network, addr, timeout)
+		dials.Note(err)
+		return c, err
+	}
+	dctx, cancel := urlparam.WithDialTimeout(ctx, dialTimeout)
+	defer cancel()
+	d, err := NewDriver(dctx, servers, opts)
+	if err != nil {
+		return nil, dials.Explain(dctx, err, dialTimeout)
+	}
+	return d, nil
 }
 
 // parseURL turns u into the server list and options (base, with the fields
 // the URL names set from it), without I/O.
 func parseURL(u *url.URL, base Options) ([]string, *Options, error) {
+	servers, o, _, err := parseURLTimeout(u, base)
+	return servers, o, err
+}
+
+// parseURLTimeout is parseURL that also returns dial_timeout.
+func parseURLTimeout(u *url.URL, base Options) ([]string, *Options, time.Duration, error) {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: zookeeper: "+format, append([]any{backend.ErrInvalidConfig}, args...)...)
 	}
 	if u.Scheme != "zk" {
-		return nil, nil, bad("scheme %q: want zk", u.Scheme)
+		return nil, nil, 0, bad("scheme %q: want zk", u.Scheme)
 	}
 	if u.Host == "" {
-		return nil, nil, bad("no servers in %s (want zk://host:2181,host2:2181/prefix)", u.Redacted())
+		return nil, nil, 0, bad("no servers in %s (want zk://host:2181,host2:2181/prefix)", u.Redacted())
 	}
-	var servers []string
-	for _, h := range strings.Split(u.Host, ",") {
-		if h == "" || strings.HasPrefix(h, ":") {
-			return nil, nil, bad("empty host in server list %q", u.Host)
-		}
-		if !strings.Contains(h, ":") || strings.HasSuffix(h, "]") {
-			h += ":2181"
-		}
-		servers = append(servers, h)
+	servers, err := urlparam.Hosts(u.Host, "2181", "server")
+	if err != nil {
+		return nil, nil, 0, urlparam.In("zookeeper", err)
 	}
 	o := base
 	if p := strings.TrimRight(u.Path, "/"); p != "" {
+		if err := checkPrefix(p); err != nil {
+			return nil, nil, 0, err
+		}
 		o.Prefix = p
 	}
 	if u.User != nil {
 		pw, ok := u.User.Password()
 		if !ok || u.User.Username() == "" {
-			return nil, nil, bad("digest authentication needs user:password in the URL")
+			return nil, nil, 0, bad("digest authentication needs user:password in the URL")
 		}
 		o.Auth = u.User.Username() + ":" + pw
 	}
-	q, err := url.ParseQuery(u.RawQuery)
+	q, err := urlparam.Query(u)
 	if err != nil {
-		return nil, nil, bad("query of %s: %w", u.Redacted(), err)
+		return nil, nil, 0, urlparam.In("zookeeper", err)
+	}
+	dialTimeout, err := urlparam.DialTimeout(q)
+	if err != nil {
+		return nil, nil, 0, urlparam.In("zookeeper", err)
 	}
 	if v, ok, err := urlparam.Take(q, "session_timeout"); err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	} else if ok {
 		t, err := time.ParseDuration(v)
 		if err != nil || t <= 0 {
-			return nil, nil, bad("parameter session_timeout=%q: want a positive duration such as 30s", v)
+			return nil, nil, 0, bad("parameter session_timeout=%q: want a positive duration such as 30s", v)
 		}
 		o.SessionTimeout = t
 	}
-	for name := range q {
-		return nil, nil, bad("unknown parameter %q (known: ttl, session_timeout)", name)
+	if err := urlparam.NoneLeft(q, "ttl", "session_timeout", "dial_timeout"); err != nil {
+		return nil, nil, 0, urlparam.In("zookeeper", err)
 	}
-	return servers, &o, nil
+	return servers, &o, dialTimeout, nil
 }

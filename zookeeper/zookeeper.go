@@ -164,8 +164,8 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 		return nil, fmt.Errorf("%w: zookeeper: no servers", backend.ErrInvalidConfig)
 	case o.SessionTimeout < 0:
 		return nil, fmt.Errorf("%w: zookeeper: negative SessionTimeout %v", backend.ErrInvalidConfig, o.SessionTimeout)
-	case !strings.HasPrefix(o.Prefix, "/") || strings.HasSuffix(o.Prefix, "/") || strings.Contains(o.Prefix, "//"):
-		return nil, fmt.Errorf("%w: zookeeper: Prefix %q: want an absolute path such as /dlock, without a trailing slash", backend.ErrInvalidConfig, o.Prefix)
+	case checkPrefix(o.Prefix) != nil:
+		return nil, checkPrefix(o.Prefix)
 	case o.Auth != "" && !strings.Contains(o.Auth, ":"):
 		return nil, fmt.Errorf("%w: zookeeper: Auth: want user:password", backend.ErrInvalidConfig)
 	}

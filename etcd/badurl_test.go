@@ -1,0 +1,47 @@
+package etcd_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/urlparam/urltest"
+)
+
+// badURLs are etcd URLs Open must reject before any I/O (issue 13).
+var badURLs = []urltest.Case{
+	{URL: "etcd://ADDR?ttl=500ms", Want: dlock.ErrInvalidTTL, Text: "below the floor of 1s"},
+	{URL: "etcd://ADDR?ttl=1s;request_timeout=2s", Want: dlock.ErrInvalidConfig, Text: "invalid semicolon separator"},
+	{URL: "etcd://127.0.0.1:99999", Want: dlock.ErrInvalidConfig, Text: `port "99999"`},
+	{URL: "etcd://127.0.0.1:0", Want: dlock.ErrInvalidConfig, Text: `port "0"`},
+	{URL: "etcd://ADDR,,127.0.0.1:3", Want: dlock.ErrInvalidConfig, Text: "empty host"},
+	{URL: "etcd://", Want: dlock.ErrInvalidConfig, Text: "no endpoints"},
+	{URL: "etcd:///locks", Want: dlock.ErrInvalidConfig, Text: "no endpoints"},
+	{URL: "etcd://ADDR?dial_timeout=soon", Want: dlock.ErrInvalidConfig, Text: "dial_timeout"},
+	{URL: "etcd://ADDR?ca=/x.pem", Want: dlock.ErrInvalidConfig, Text: "needs the etcds scheme"},
+	{URL: "etcd://ADDR?bogus=1", Want: dlock.ErrInvalidConfig, Text: `unknown parameter "bogus" (known: ca, cert, dial_timeout, key, request_timeout, server_name, ttl)`},
+}
+
+func TestOpenBadURLs(t *testing.T) { urltest.Rejected(t, badURLs) }
+
+func seeds(scheme string) []string {
+	s := []string{scheme + "://ADDR/locks?ttl=5s&request_timeout=2s&dial_timeout=1s"}
+	for _, c := range badURLs {
+		s = append(s, c.URL)
+	}
+	return s
+}
+
+func FuzzOpenURLEtcd(f *testing.F)  { urltest.Fuzz(f, "etcd", seeds("etcd")) }
+func FuzzOpenURLEtcds(f *testing.F) { urltest.Fuzz(f, "etcds", seeds("etcds")) }
+
+// TestOpenNoServer: with nothing listening, or a server that never
+// answers, Open returns by its dial_timeout (plus a margin) and says why.
+func TestOpenNoServer(t *testing.T) {
+	t.Run("refused", func(t *testing.T) {
+		urltest.Unreachable(t, "etcd://ADDR?dial_timeout=1s", urltest.RefusedAddr(t), time.Second, "connection refused", "dial_timeout (1s)")
+	})
+	t.Run("silent", func(t *testing.T) {
+		urltest.Unreachable(t, "etcd://ADDR?dial_timeout=1s", urltest.Listen(t).Addr(), time.Second, "dial_timeout (1s)")
+	})
+}

@@ -1,0 +1,54 @@
+package zookeeper_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/urlparam/urltest"
+)
+
+// badURLs are zk URLs Open must reject before any I/O (issue 13).
+var badURLs = []urltest.Case{
+	{URL: "zk://ADDR/a/./b", Want: dlock.ErrInvalidConfig, Text: "element . not allowed"},
+	{URL: "zk://ADDR/a/../b", Want: dlock.ErrInvalidConfig, Text: "element .. not allowed"},
+	{URL: "zk://ADDR/..", Want: dlock.ErrInvalidConfig, Text: "element .. not allowed"},
+	{URL: "zk://ADDR/a%00b", Want: dlock.ErrInvalidConfig, Text: "U+0000"},
+	{URL: "zk://ADDR/a%01b", Want: dlock.ErrInvalidConfig, Text: "U+0001"},
+	{URL: "zk://ADDR/a%EF%BF%BFb", Want: dlock.ErrInvalidConfig, Text: "U+FFFF"},
+	{URL: "zk://ADDR/a%ffb", Want: dlock.ErrInvalidConfig, Text: "not UTF-8"},
+	{URL: "zk://ADDR//a", Want: dlock.ErrInvalidConfig, Text: "empty element"},
+	{URL: "zk://ADDR/zookeeper", Want: dlock.ErrInvalidConfig, Text: "/zookeeper is the server's own subtree"},
+	{URL: "zk://ADDR/zookeeper/locks", Want: dlock.ErrInvalidConfig, Text: "/zookeeper is the server's own subtree"},
+	{URL: "zk://ADDR?ttl=1s;session_timeout=30s", Want: dlock.ErrInvalidConfig, Text: "invalid semicolon separator"},
+	{URL: "zk://127.0.0.1:99999", Want: dlock.ErrInvalidConfig, Text: `port "99999"`},
+	{URL: "zk://127.0.0.1:0", Want: dlock.ErrInvalidConfig, Text: `port "0"`},
+	{URL: "zk://ADDR,,127.0.0.1:3", Want: dlock.ErrInvalidConfig, Text: "empty host"},
+	{URL: "zk://", Want: dlock.ErrInvalidConfig, Text: "no servers"},
+	{URL: "zk:///locks", Want: dlock.ErrInvalidConfig, Text: "no servers"},
+	{URL: "zk://ADDR?dial_timeout=0", Want: dlock.ErrInvalidConfig, Text: "dial_timeout"},
+	{URL: "zk://user@ADDR", Want: dlock.ErrInvalidConfig, Text: "user:password"},
+	{URL: "zk://ADDR?bogus=1", Want: dlock.ErrInvalidConfig, Text: `unknown parameter "bogus" (known: dial_timeout, session_timeout, ttl)`},
+}
+
+func TestOpenBadURLs(t *testing.T) { urltest.Rejected(t, badURLs) }
+
+func FuzzOpenURLZooKeeper(f *testing.F) {
+	s := []string{"zk://ADDR/locks/x?ttl=5s&session_timeout=30s&dial_timeout=1s", "zk://u:p@ADDR"}
+	for _, c := range badURLs {
+		s = append(s, c.URL)
+	}
+	urltest.Fuzz(f, "zk", s)
+}
+
+// TestOpenNoServer: with nothing listening, or a server that never
+// answers, Open returns by its dial_timeout (plus a margin), says why, and
+// leaves no client retrying (goleak in TestMain).
+func TestOpenNoServer(t *testing.T) {
+	t.Run("refused", func(t *testing.T) {
+		urltest.Unreachable(t, "zk://ADDR?dial_timeout=1s", urltest.RefusedAddr(t), time.Second, "connection refused", "dial_timeout (1s)")
+	})
+	t.Run("silent", func(t *testing.T) {
+		urltest.Unreachable(t, "zk://ADDR?dial_timeout=1s", urltest.Listen(t).Addr(), time.Second, "dial_timeout (1s)")
+	})
+}
