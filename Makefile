@@ -2,7 +2,14 @@
 
 GO ?= go
 
-.PHONY: test lint bench matrix
+# The repository is several modules (see go.work); a ./... pattern covers
+# only the module of the directory it names, so targets that mean "every
+# package" list every workspace module as ./dir/... (scripts/test.sh does
+# the same). bench and conformance/servers/etcdserver are modules outside
+# the workspace.
+PKGS = $(shell $(GO) list -m -f '{{.Dir}}/...' | sed 's|^$(CURDIR)|.|')
+
+.PHONY: test lint bench matrix gosum
 
 # Run every test against real servers; scripts/test.sh provides Docker and the
 # server images (stand-ins built from Debian packages where none can be pulled).
@@ -10,26 +17,40 @@ GO ?= go
 test:
 	scripts/test.sh $(ARGS)
 
-# Run the fault matrix (conformance/matrix) and rewrite the README's table
+# Run the fault matrix (tests/matrix) and rewrite the README's table
 # with the observed outcomes.
 matrix:
-	DLOCK_MATRIX_UPDATE=1 scripts/test.sh -run TestMatrix -v ./conformance/matrix/
+	DLOCK_MATRIX_UPDATE=1 scripts/test.sh -run TestMatrix -v ./tests/matrix/
 
-# gofmt, go vet, and a guard: the library's non-test code must not depend on
-# the test server package (conformance/servers, testcontainers-go).
-lint:
+# gofmt, go vet over every module, two guards, and the consumer go.sum
+# check (gosum). Guards: no module but conformance/servers/serverd requires
+# testcontainers-go (in its go.mod or go.sum: the test servers' container
+# code lives in serverd alone), and the library's non-test code does not
+# depend on the test server package (conformance/servers).
+lint: gosum
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(GO) vet ./...
-	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Deps " "}}' ./... | \
-		grep -v '^github.com/dlock-go/dlock/conformance/servers:' | \
+	$(GO) vet $(PKGS)
+	cd bench && GOWORK=off $(GO) vet ./...
+	cd conformance/servers/etcdserver && GOWORK=off $(GO) vet ./...
+	@bad=$$(find . -name go.mod -not -path './.git/*' -not -path './conformance/servers/serverd/*' | \
+		while read -r f; do d=$$(dirname "$$f"); grep -l testcontainers-go "$$f" "$$d/go.sum" 2>/dev/null; done); \
+	if [ -n "$$bad" ]; then echo "a module other than conformance/servers/serverd requires testcontainers-go:"; echo "$$bad"; exit 1; fi
+	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Deps " "}}' $(PKGS) | \
+		grep -v '^github.com/dlock-go/dlock/conformance/servers\(/serverd\)\?:' | \
 		grep -E ' (github.com/dlock-go/dlock/conformance/servers|github.com/testcontainers/testcontainers-go)( |$$)' | cut -d: -f1); \
 	if [ -n "$$bad" ]; then echo "non-test code depends on conformance/servers or testcontainers-go:"; echo "$$bad"; exit 1; fi
+
+# What a user's go.sum gets from dlock: scratch consumer modules (root plus
+# one backend, and the clients alone) tidied outside the repository; fails
+# above the limits (scripts/gosum.sh). Needs the Go module proxy.
+gosum:
+	scripts/gosum.sh
 
 # Benchmarks against real servers (same setup as test), without -race.
 # Extra arguments: make bench ARGS='-bench Cycle -count 10 ./redis/'
 bench:
 	env=$$(scripts/test.sh --setup-only) && eval "$$env" && \
-		$(GO) test -run '^$$' -bench . -benchmem $(or $(ARGS),./...)
+		$(GO) test -run '^$$' -bench . -benchmem $(or $(ARGS),$(PKGS))
 
 # dlock beside its peers on the same servers, and the scale workloads
 # (bench/, a module of its own), with the benchstat tables. Knobs: COUNT

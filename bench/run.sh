@@ -39,6 +39,8 @@ if [ -z "$tables_only" ]; then
 fi
 
 cd "$here"
+# bench is a module of its own, outside the repository's go.work.
+export GOWORK=off
 if $smoke; then
 	DLOCK_BENCH_SMALL=1 exec go test -run '^$' -bench "${BENCH:-.}" -benchtime 1x -count 1 -timeout 20m .
 fi

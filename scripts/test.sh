@@ -32,7 +32,7 @@
 #      and exports DLOCK_SERVERD naming it.
 #
 # Usage:
-#   scripts/test.sh                      # go test -race -count=1 ./...
+#   scripts/test.sh                      # go test -race -count=1 over every module of go.work
 #   scripts/test.sh -run X ./redis/      # extra go test args pass through
 #   scripts/test.sh --setup-only         # steps 1-6 only; prints the env to export
 #
@@ -449,15 +449,26 @@ trap cleanup EXIT
 # ---------------------------------------------------------------------------
 # Tests
 
-# Default to every package unless the arguments name one.
+# Default to every package unless the arguments name one. The repository
+# is several modules (go.work): ./... covers only the root module, so
+# "every package" is every workspace module's ./dir/..., in one go test
+# command; an argument ./... is read as that too.
+all_pkgs=()
+while read -r dir; do
+	all_pkgs+=(".${dir#"$PWD"}/...")
+done < <(go list -m -f '{{.Dir}}')
 have_pkg=false
+args=()
 for a in "$@"; do
 	case $a in
+	./...) have_pkg=true; args+=("${all_pkgs[@]}"); continue ;;
 	./* | ../* | */... | github.com/*) have_pkg=true ;;
 	esac
+	args+=("$a")
 done
+set -- ${args[@]+"${args[@]}"}
 if ! $have_pkg; then
-	set -- "$@" ./...
+	set -- "$@" "${all_pkgs[@]}"
 fi
 
 step "go test -race -count=1 -v $*"
