@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -63,7 +65,12 @@ func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error)
 	if err != nil {
 		return nil, err
 	}
-	var dials urlparam.DialRecorder
+	var (
+		dials urlparam.DialRecorder
+		mu    sync.Mutex
+		quiet []*quietConn // connections dialled during Open
+		over  bool         // Open is over: stop tracking
+	)
 	dial := opts.Dialer
 	if dial == nil {
 		dial = net.DialTimeout
@@ -71,15 +78,53 @@ func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error)
 	opts.Dialer = func(network, addr string, timeout time.Duration) (net.Conn, error) {
 		c, err := dial(network, addr, timeout)
 		dials.Note(err)
-		return c, err
+		if err != nil {
+			return nil, err
+		}
+		qc := &quietConn{Conn: c}
+		mu.Lock()
+		if !over {
+			quiet = append(quiet, qc)
+		}
+		mu.Unlock()
+		return qc, nil
 	}
 	dctx, cancel := urlparam.WithDialTimeout(ctx, dialTimeout)
 	defer cancel()
+	// When dctx ends, close the connections of this Open that never got
+	// a byte (a server that accepts but does not answer): go-zookeeper
+	// would otherwise wait for its connect response, and its Close for
+	// the loop, up to two seconds past the deadline.
+	context.AfterFunc(dctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		over = true
+		for _, c := range quiet {
+			if !c.heard.Load() {
+				_ = c.Close()
+			}
+		}
+		quiet = nil
+	})
 	d, err := NewDriver(dctx, servers, opts)
 	if err != nil {
 		return nil, dials.Explain(dctx, err, dialTimeout)
 	}
 	return d, nil
+}
+
+// quietConn records whether anything was read from the connection.
+type quietConn struct {
+	net.Conn
+	heard atomic.Bool
+}
+
+func (c *quietConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.heard.Store(true)
+	}
+	return n, err
 }
 
 // parseURL turns u into the server list and options (base, with the fields
