@@ -15,7 +15,7 @@ import (
 	"github.com/dlock-go/dlock/etcd"
 )
 
-func TestMain(m *testing.M) { servers.Main(m) }
+func TestMain(m *testing.M) { startExampleServers(); servers.Main(m) }
 
 // newClient returns a client of the cluster, closed when tb ends.
 func newClient(tb testing.TB, endpoints []string) *clientv3.Client {
