@@ -17,7 +17,7 @@ import (
 	"github.com/dlock-go/dlock/zookeeper"
 )
 
-func TestMain(m *testing.M) { servers.Main(m) }
+func TestMain(m *testing.M) { startExampleServers(); servers.Main(m) }
 
 // testSession is the session timeout of the tests' Lockers: above the
 // longest lease the conformance suite asks for (a minute). The test servers
