@@ -1,0 +1,115 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock/conformance/servers"
+)
+
+func TestMain(m *testing.M) { servers.Main(m) }
+
+// build builds the demo into a temporary directory and returns the binary.
+func build(t *testing.T) string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command is needed to build the demo: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "dlock-demo")
+	if out, err := exec.CommandContext(t.Context(), goTool, "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// demo runs the demo binary with args and returns its stdout and stderr.
+func demo(t *testing.T, bin string, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	var o, e bytes.Buffer
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err = cmd.Run()
+	return o.String(), e.String(), err
+}
+
+// checkStaleWriteRejected runs the demo on url (none: its mem:// default)
+// and checks that it succeeds and reports the stale write rejected.
+func checkStaleWriteRejected(t *testing.T, bin string, url ...string) {
+	t.Helper()
+	out, errOut, err := demo(t, bin, url...)
+	if err != nil {
+		t.Fatalf("dlock-demo %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(url, " "), err, out, errOut)
+	}
+	for _, want := range []string{
+		"counter 3, highest token",
+		"holder 2: acquired dlock-demo/account with token",
+		"holder 1: wakes up, writes with token",
+		"rejected: fence: stale token",
+		`done: the resource holds "written by holder 2"`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dlock-demo %s: the output lacks %q:\n%s\nstderr:\n%s", strings.Join(url, " "), want, out, errOut)
+		}
+	}
+}
+
+// The zero-setup default: the in-process backend.
+func TestDemoInProcess(t *testing.T) {
+	checkStaleWriteRejected(t, build(t))
+}
+
+// Every backend the demo imports, on real servers.
+func TestDemoBackends(t *testing.T) {
+	bin := build(t)
+	t.Run("redis", func(t *testing.T) {
+		checkStaleWriteRejected(t, bin, "redis://"+servers.Redis(t, 1)[0].Addr())
+	})
+	t.Run("redlock", func(t *testing.T) {
+		var addrs []string
+		for _, s := range servers.Redis(t, 3) {
+			addrs = append(addrs, s.Addr())
+		}
+		checkStaleWriteRejected(t, bin, "redlock://"+strings.Join(addrs, ",")+"?node_timeout=200ms")
+	})
+	t.Run("etcd", func(t *testing.T) {
+		checkStaleWriteRejected(t, bin, "etcd://"+strings.Join(servers.Etcd(t, 1).Endpoints(), ","))
+	})
+	t.Run("zookeeper", func(t *testing.T) {
+		checkStaleWriteRejected(t, bin, "zk://"+strings.Join(servers.ZooKeeper(t, 1).Servers(), ","))
+	})
+}
+
+// Open is bounded, and its failure names the URL (without the password)
+// and the cause.
+func TestDemoOpenFails(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close() // nothing listens there now
+	bin := build(t)
+	start := time.Now()
+	out, errOut, err := demo(t, bin, "redis://user:secret@"+addr)
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("dlock-demo with no server: %v, want exit status 1\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
+	}
+	if took := time.Since(start); took > time.Minute {
+		t.Errorf("dlock-demo with no server took %v", took)
+	}
+	want := "dlock-demo: opening redis://user:xxxxx@" + addr + " (timeout 10s) failed: "
+	if !strings.Contains(errOut, want) || !strings.Contains(errOut, "connection refused") || strings.Contains(errOut, "secret") {
+		t.Errorf("stderr:\n%s\nwant a line with %q and the cause (connection refused), without the password", errOut, want)
+	}
+}
