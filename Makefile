@@ -22,8 +22,10 @@ test:
 matrix:
 	DLOCK_MATRIX_UPDATE=1 scripts/test.sh -run TestMatrix -v ./tests/matrix/
 
-# gofmt, go vet over every module, two guards, and the consumer go.sum
-# check (gosum). Guards: no module but conformance/servers/serverd requires
+# gofmt, go vet over every module, every module's go.mod/go.sum tidy on
+# its own (GOWORK=off: in the workspace a module could use a requirement
+# only another module states), two guards, and the consumer go.sum check
+# (gosum). Guards: no module but conformance/servers/serverd requires
 # testcontainers-go (in its go.mod or go.sum: the test servers' container
 # code lives in serverd alone), and the library's non-test code does not
 # depend on the test server package (conformance/servers).
@@ -32,6 +34,10 @@ lint: gosum
 	$(GO) vet $(PKGS)
 	cd bench && GOWORK=off $(GO) vet ./...
 	cd conformance/servers/etcdserver && GOWORK=off $(GO) vet ./...
+	@for d in $$($(GO) list -m -f '{{.Dir}}') bench conformance/servers/etcdserver; do \
+		out=$$(cd "$$d" && GOWORK=off GOFLAGS=-mod=mod $(GO) mod tidy -diff 2>&1) || \
+			{ echo "go.mod/go.sum of $$d not tidy (module alone, GOWORK=off):"; echo "$$out"; exit 1; }; \
+	done
 	@bad=$$(find . -name go.mod -not -path './.git/*' -not -path './conformance/servers/serverd/*' | \
 		while read -r f; do d=$$(dirname "$$f"); grep -l testcontainers-go "$$f" "$$d/go.sum" 2>/dev/null; done); \
 	if [ -n "$$bad" ]; then echo "a module other than conformance/servers/serverd requires testcontainers-go:"; echo "$$bad"; exit 1; fi
