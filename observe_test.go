@@ -157,7 +157,10 @@ func TestObserverAcquireOutcomes(t *testing.T) {
 	}
 	// The caller's deadline ends the wait: cancelled.
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	deadline, _ := ctx.Deadline()
+	callStart := time.Now() // after the deadline was set: the call's Wait is at least deadline-callStart
 	_, err = l.Acquire(ctx, "k", nil)
+	callTook := time.Since(callStart)
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Acquire with a deadline = %v", err)
@@ -198,8 +201,11 @@ func TestObserverAcquireOutcomes(t *testing.T) {
 			t.Errorf("AcquireEnd %d = %+v, want Try %v, Outcome %v", i, e, w.try, w.outcome)
 		}
 	}
-	if ends[2].Wait < 50*time.Millisecond {
-		t.Errorf("the cancelled wait took %v, reported %v", 50*time.Millisecond, ends[2].Wait)
+	// The Locker's clock starts inside the call, after the context's:
+	// its Wait lies between what was left of the deadline when the call
+	// began and the call's whole time.
+	if w, least := ends[2].Wait, deadline.Sub(callStart); w < least || w > callTook {
+		t.Errorf("the cancelled wait was reported as %v, want between %v (the deadline) and %v (the call)", w, least, callTook)
 	}
 	if ends[4].Token <= ends[0].Token {
 		t.Errorf("token of the second holder %d, first %d", ends[4].Token, ends[0].Token)
