@@ -193,7 +193,9 @@ func (l *Locker) observedAcquire(ctx context.Context, o Observer, op, key string
 	switch {
 	case err == nil:
 		e.Outcome, e.Token, e.TTL = AcquireAcquired, le.token, le.TTL()
-	case ctx.Err() != nil:
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		// The end of the caller's context ended the acquire (not bad
+		// input found before, with a context that had ended already).
 		e.Outcome = AcquireCancelled
 	case errors.Is(err, ErrNotAcquired):
 		e.Outcome = AcquireNotAcquired

@@ -211,12 +211,23 @@ func TestObserverAcquireOutcomes(t *testing.T) {
 		t.Errorf("token of the second holder %d, first %d", ends[4].Token, ends[0].Token)
 	}
 
+	// Bad input with a context that has ended already: the error is the
+	// bad key's, so the outcome is error, not cancelled.
+	ended, cancelEnded := context.WithCancel(t.Context())
+	cancelEnded()
+	if _, err := l.TryAcquire(ended, "", nil); !errors.Is(err, dlock.ErrInvalidKey) {
+		t.Fatalf("TryAcquire of an empty key with an ended context = %v", err)
+	}
+	if e := of[dlock.AcquireEndEvent](r)[5]; e.Outcome != dlock.AcquireError || !errors.Is(e.Err, dlock.ErrInvalidKey) {
+		t.Errorf("AcquireEnd of a bad key with an ended context = %+v, want Outcome error", e)
+	}
+
 	// Closed: error.
 	l.Close()
 	if _, err := l.TryAcquire(t.Context(), "k", nil); !errors.Is(err, dlock.ErrClosed) {
 		t.Fatalf("TryAcquire after Close = %v", err)
 	}
-	if e := of[dlock.AcquireEndEvent](r)[5]; e.Outcome != dlock.AcquireError || !errors.Is(e.Err, dlock.ErrClosed) {
+	if e := of[dlock.AcquireEndEvent](r)[6]; e.Outcome != dlock.AcquireError || !errors.Is(e.Err, dlock.ErrClosed) {
 		t.Errorf("AcquireEnd after Close = %+v", e)
 	}
 }
