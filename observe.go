@@ -16,15 +16,21 @@ import (
 //
 // The methods are called on the goroutine of the operation they report
 // (LeaseEnd: on a goroutine of its own), never with a lock of the Locker or
-// of a Lease held, so they may call the Locker and its leases. They must be
+// of a Lease held, so they may call the Locker and its leases, with one
+// exception: LeaseEnd and a background Refresh must not call the Locker's
+// Close (Close waits for LeaseEnd calls in progress and for the watchdog,
+// so it would wait for itself; start a goroutine to close it). They must be
 // safe for concurrent use, and fast: AcquireStart and AcquireEnd delay the
 // acquire, and Refresh of a background refresh delays the watchdog's other
-// leases. Close waits for LeaseEnd calls in progress.
+// leases.
 //
-// Per lease, events come in this order: AcquireStart, AcquireEnd (with
-// Outcome AcquireAcquired), any number of Refresh and Release, then exactly
-// one LeaseEnd. A held-leases gauge is thus AcquireEnd events with Outcome
-// AcquireAcquired less LeaseEnd events.
+// Per lease, AcquireStart and AcquireEnd (with Outcome AcquireAcquired)
+// come first, and exactly one LeaseEnd follows, after AcquireEnd. A held-
+// leases gauge is thus AcquireEnd events with Outcome AcquireAcquired less
+// LeaseEnd events. Refresh and Release events are not ordered with
+// LeaseEnd: the LeaseEnd of a lease that a Release or Refresh call ended
+// may come before that call's event, and a call on a lease that has ended
+// (a second Release) reports its event after the LeaseEnd.
 type Observer interface {
 	// AcquireStart is called when Acquire or TryAcquire begins, before
 	// the key and options are checked. The context it returns is the one
