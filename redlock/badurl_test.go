@@ -1,6 +1,8 @@
 package redlock_test
 
 import (
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,5 +47,27 @@ func TestOpenNoServer(t *testing.T) {
 	t.Run("silent", func(t *testing.T) {
 		b, c := urltest.Listen(t).Addr(), urltest.Listen(t).Addr()
 		urltest.Unreachable(t, "redlock://ADDR,"+b+","+c+"?dial_timeout=1s", urltest.Listen(t).Addr(), time.Second, "dial_timeout (1s)")
+	})
+	// dial_timeout bounds the whole Open, the wait for the script loads
+	// (up to 4 × node_timeout) included: it used to come first, and took
+	// about 5s more on nodes that never answer (go-redis's read timeout
+	// and retries), which is the margin Unreachable allows, so the bound
+	// here is narrower, still three times the dial_timeout.
+	t.Run("silent, long node_timeout", func(t *testing.T) {
+		a, b, c := urltest.Listen(t).Addr(), urltest.Listen(t).Addr(), urltest.Listen(t).Addr()
+		u := "redlock://" + a + "," + b + "," + c + "?dial_timeout=1s&node_timeout=10s"
+		start := time.Now()
+		l, err := dlock.Open(t.Context(), u)
+		took := time.Since(start)
+		if err == nil {
+			_ = l.Close()
+			t.Fatalf("Open(%q) succeeded with nothing answering", u)
+		}
+		if !errors.Is(err, dlock.ErrUnavailable) || !strings.Contains(err.Error(), "dial_timeout (1s)") {
+			t.Errorf("Open(%q) = %v, want ErrUnavailable naming dial_timeout (1s)", u, err)
+		}
+		if took > 3*time.Second {
+			t.Errorf("Open(%q) took %v, want about its dial_timeout (1s), at most 3s", u, took.Round(time.Millisecond))
+		}
 	})
 }

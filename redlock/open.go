@@ -79,7 +79,13 @@ func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error)
 		c.AddHook(dialHook{&dials[i]})
 		clients[i] = c
 	}
-	d, err := NewDriver(ctx, clients, opts)
+	// dial_timeout bounds the whole Open: NewDriver's name lookups and its
+	// wait for the script loads (up to 4 × node_timeout) as well as the
+	// pings.
+	dialTimeout := nodes[0].DialTimeout
+	dctx, cancel := urlparam.WithDialTimeout(ctx, dialTimeout)
+	defer cancel()
+	d, err := NewDriver(dctx, clients, opts)
 	if err != nil {
 		for _, c := range clients {
 			_ = c.Close()
@@ -87,19 +93,20 @@ func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error)
 		return nil, err
 	}
 	d.ownsClients = true
-	if err := reachQuorum(ctx, d, dials, nodes[0].DialTimeout); err != nil {
+	if err := reachQuorum(dctx, d, dials, dialTimeout); err != nil {
 		_ = d.Close()
 		return nil, err
 	}
 	return d, nil
 }
 
-// reachQuorum pings every node in parallel, within dialTimeout, and
-// returns nil as soon as a majority has answered, or an error wrapping
-// backend.ErrUnavailable with each failed node's error (and its last dial
-// error) once a majority can no longer answer.
-func reachQuorum(ctx context.Context, d *Driver, dials []urlparam.DialRecorder, dialTimeout time.Duration) error {
-	pctx, cancel := urlparam.WithDialTimeout(ctx, dialTimeout)
+// reachQuorum pings every node in parallel, within dctx (bounded by
+// dialTimeout with urlparam.WithDialTimeout), and returns nil as soon as a
+// majority has answered, or an error wrapping backend.ErrUnavailable with
+// each failed node's error (and its last dial error) once a majority can no
+// longer answer.
+func reachQuorum(dctx context.Context, d *Driver, dials []urlparam.DialRecorder, dialTimeout time.Duration) error {
+	pctx, cancel := context.WithCancel(dctx)
 	type reply struct {
 		i   int
 		err error
