@@ -1,11 +1,16 @@
 package zookeeper_test
 
 import (
+	"errors"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance"
 	"github.com/dlock-go/dlock/internal/urlparam/urltest"
+	"github.com/dlock-go/dlock/zookeeper"
 )
 
 // badURLs are zk URLs Open must reject before any I/O (issue 13).
@@ -28,6 +33,12 @@ var badURLs = []urltest.Case{
 	{URL: "zk:///locks", Want: dlock.ErrInvalidConfig, Text: "no servers"},
 	{URL: "zk://ADDR?dial_timeout=0", Want: dlock.ErrInvalidConfig, Text: "dial_timeout"},
 	{URL: "zk://user@ADDR", Want: dlock.ErrInvalidConfig, Text: "user:password"},
+	// go-zookeeper sends the session timeout as int32 milliseconds and
+	// bounds its handshake by it: below 1ms it times out every handshake
+	// at once; above 2^31-1 ms it wraps to a negative number.
+	{URL: "zk://ADDR?session_timeout=1ns", Want: dlock.ErrInvalidConfig, Text: `session_timeout="1ns"`},
+	{URL: "zk://ADDR?session_timeout=999us", Want: dlock.ErrInvalidConfig, Text: `session_timeout="999us"`},
+	{URL: "zk://ADDR?session_timeout=10000h", Want: dlock.ErrInvalidConfig, Text: `session_timeout="10000h"`},
 	{URL: "zk://ADDR?bogus=1", Want: dlock.ErrInvalidConfig, Text: `unknown parameter "bogus" (known: dial_timeout, session_timeout, ttl)`},
 }
 
@@ -51,4 +62,23 @@ func TestOpenNoServer(t *testing.T) {
 	t.Run("silent", func(t *testing.T) {
 		urltest.Unreachable(t, "zk://ADDR?dial_timeout=1s", urltest.Listen(t).Addr(), time.Second, "dial_timeout (1s)")
 	})
+}
+
+// TestFailedOpenLogsNoWarnings: the dial failures of an Open that fails
+// are in its error, not also logged as warnings (the client library logs
+// each failed dial, once a second, while it retries).
+func TestFailedOpenLogsNoWarnings(t *testing.T) {
+	var rec conformance.LogRecorder
+	var mux dlock.URLMux
+	mux.RegisterLocker("zk", &zookeeper.URLOpener{Options: zookeeper.Options{Locker: &dlock.Options{Logger: slog.New(&rec)}}})
+	_, err := mux.OpenLocker(t.Context(), "zk://"+urltest.RefusedAddr(t)+"?dial_timeout=2500ms")
+	if !errors.Is(err, dlock.ErrUnavailable) || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("Open: %v; want ErrUnavailable naming the refused dial", err)
+	}
+	if !rec.Contains("connection refused") {
+		t.Fatal("no Debug record of the failed dials: the test shows nothing")
+	}
+	if w := rec.Above(slog.LevelDebug); len(w) > 0 {
+		t.Errorf("a failed Open logged above Debug: %q", w)
+	}
 }

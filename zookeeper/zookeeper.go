@@ -107,6 +107,7 @@ type Driver struct {
 	linkDown    time.Time
 	dials       int
 	linkChanged chan struct{}
+	hadSession  atomic.Bool // the client has had a session (its log lines are warnings from then on)
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -185,7 +186,7 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 	}
 	session := make(chan struct{}, 1)
 	conn, events, err := zk.Connect(servers, o.SessionTimeout,
-		zk.WithLogger(zkLogger{log: log, closing: d.ctx}),
+		zk.WithLogger(zkLogger{log: log, closing: d.ctx, up: &d.hadSession}),
 		zk.WithLogInfo(false),
 		zk.WithHostProvider(hostCounter{HostProvider: zk.NewDNSHostProvider(), d: d}),
 		zk.WithDialer(func(network, addr string, timeout time.Duration) (net.Conn, error) {
@@ -203,6 +204,7 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 			}
 			switch ev.State {
 			case zk.StateHasSession:
+				d.hadSession.Store(true)
 				d.setLink(true)
 				select {
 				case session <- struct{}{}:
@@ -289,15 +291,18 @@ func (h hostCounter) Init(servers []string) error {
 }
 
 // zkLogger sends the client library's log lines to slog: at Warn, or at
-// Debug once closing has ended (the lines of a connection Close ends).
+// Debug before the first session (New returns the failure itself, with the
+// last dial error, so failed dials while opening are not logged twice) and
+// once closing has ended (the lines of a connection Close ends).
 type zkLogger struct {
 	log     *slog.Logger
 	closing context.Context
+	up      *atomic.Bool // the Driver has had a session
 }
 
 func (l zkLogger) Printf(format string, args ...any) {
 	level := slog.LevelWarn
-	if l.closing.Err() != nil {
+	if l.closing.Err() != nil || !l.up.Load() {
 		level = slog.LevelDebug
 	}
 	l.log.Log(context.Background(), level, "dlock/zookeeper: "+fmt.Sprintf(format, args...))
