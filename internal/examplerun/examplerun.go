@@ -29,26 +29,34 @@ import (
 	"fmt"
 	"os"
 	"regexp"
-	"strings"
 )
 
 // envRequire is conformance/servers' switch: servers are required.
 const envRequire = "DLOCK_REQUIRE_SERVERS"
 
 // Selected reports whether go test's -test.run and -test.skip flags select
-// any of the named examples (or tests) at the top level. It parses the
+// any of the named examples (or tests) at the top level, as go test reads
+// them: a pattern is split into alternatives at '|' and each alternative
+// into elements at '/' (neither inside brackets or parentheses); a name is
+// run if the first element of some alternative matches it, and skipped if
+// the first alternative whose first element matches it has no other
+// element (an alternative with more skips only subtests). It parses the
 // command line first if nobody has (a TestMain must do so to read flags).
-// A flag it cannot read counts as selecting them.
+// A pattern it cannot compile counts as selecting them.
 func Selected(names ...string) bool {
 	if !flag.Parsed() {
 		flag.Parse()
 	}
-	run := topLevel(flagValue("test.run"))
-	skip := topLevel(flagValue("test.skip"))
+	run := split(flagValue("test.run"))
+	skip := split(flagValue("test.skip"))
 	for _, n := range names {
-		if (run == nil || run.MatchString(n)) && (skip == nil || !skip.MatchString(n)) {
-			return true
+		if ran, _ := match(run, n); run != nil && !ran {
+			continue
 		}
+		if skipped, full := match(skip, n); skipped && full {
+			continue
+		}
+		return true
 	}
 	return false
 }
@@ -61,19 +69,87 @@ func flagValue(name string) string {
 	return ""
 }
 
-// topLevel compiles the first element of a -run or -skip pattern (the part
-// that matches top-level names; go test splits patterns at slashes). It
-// returns nil for an empty pattern or one it cannot compile.
-func topLevel(pattern string) *regexp.Regexp {
-	first, _, _ := strings.Cut(pattern, "/")
-	if first == "" {
+// alternative is one alternative of a -run or -skip pattern: its first
+// element, compiled, and whether more elements follow.
+type alternative struct {
+	first *regexp.Regexp
+	more  bool
+}
+
+// split splits a -run or -skip pattern as go test does (testing's
+// splitRegexp) into its alternatives. It returns nil for an empty pattern
+// or one it cannot compile.
+func split(pattern string) []alternative {
+	if pattern == "" {
 		return nil
 	}
-	re, err := regexp.Compile(first)
+	var (
+		alts   []alternative
+		elems  []string
+		cs, cp int
+	)
+	s := pattern
+	for i := 0; i < len(s); {
+		switch s[i] {
+		case '[':
+			cs++
+		case ']':
+			if cs--; cs < 0 {
+				cs = 0
+			}
+		case '(':
+			if cs == 0 {
+				cp++
+			}
+		case ')':
+			if cs == 0 {
+				cp--
+			}
+		case '\\':
+			i++
+		case '/', '|':
+			if cs == 0 && cp == 0 {
+				elems = append(elems, s[:i])
+				sep := s[i]
+				s, i = s[i+1:], 0
+				if sep == '|' {
+					alts = append(alts, alternative{more: len(elems) > 1})
+					alts[len(alts)-1].first, elems = compile(elems[0]), nil
+				}
+				continue
+			}
+		}
+		i++
+	}
+	elems = append(elems, s)
+	alts = append(alts, alternative{first: compile(elems[0]), more: len(elems) > 1})
+	for _, a := range alts {
+		if a.first == nil {
+			return nil
+		}
+	}
+	return alts
+}
+
+// compile compiles a pattern element; nil if it cannot.
+func compile(elem string) *regexp.Regexp {
+	re, err := regexp.Compile(elem)
 	if err != nil {
 		return nil
 	}
 	return re
+}
+
+// match reports whether an alternative of alts matches the top-level
+// name, and whether the first that does is a full match (it has no
+// further elements).
+func match(alts []alternative, name string) (matched, full bool) {
+	for _, a := range alts {
+		if a.first.MatchString(name) {
+			return true, !a.more
+		}
+	}
+	return false, false
 }
 
 // GiveUp reports that the examples' servers (what) could not be started:

@@ -31,6 +31,16 @@ func TestSelected(t *testing.T) {
 		{"", "^Example", false},
 		{"ExampleNew", "New", false},
 		{"[", "", true}, // a pattern go test would refuse: servers are started
+		// go test splits at top-level '|' first, then at '/' in each
+		// alternative (not inside brackets or parentheses).
+		{"TestX/sub|ExampleNew", "", true},
+		{"TestX/sub|TestY", "", false},
+		{"(TestX/sub|ExampleNew)", "", true},
+		{"[/]|ExampleNew", "", true},
+		{"", "TestX/sub|Example", false},
+		{"", "Example/sub", true}, // skips only subtests: the examples run
+		{"", "TestX|ExampleNew|ExampleURL", false},
+		{"", "ExampleNew", true},
 	} {
 		set(t, "test.run", c.run)
 		set(t, "test.skip", c.skip)
