@@ -184,7 +184,8 @@
 // not under /zookeeper. Every server needs a host and a port from 1 to
 // 65535 (default 2181). user:password turns on digest authentication: nodes
 // are then created with an ACL for that identity only. Parameters: ttl
-// (every backend), session_timeout (default 40s) and dial_timeout (default
+// (every backend), session_timeout (default 40s; from 1ms to 2^31-1 ms,
+// what go-zookeeper can send) and dial_timeout (default
 // 5s): the bound on Open's wait for a session; when it runs out the client
 // is closed (no reconnect loop left) and the error carries the last dial
 // error. Bad values and unknown parameters are errors wrapping

@@ -175,8 +175,8 @@ func parseURLTimeout(u *url.URL, base Options) ([]string, *Options, time.Duratio
 		return nil, nil, 0, err
 	} else if ok {
 		t, err := time.ParseDuration(v)
-		if err != nil || t <= 0 {
-			return nil, nil, 0, bad("parameter session_timeout=%q: want a positive duration such as 30s", v)
+		if err != nil || t < minSessionTimeout || t > maxSessionTimeout {
+			return nil, nil, 0, bad("parameter session_timeout=%q: want a duration from %v to %v, such as 30s", v, minSessionTimeout, maxSessionTimeout)
 		}
 		o.SessionTimeout = t
 	}

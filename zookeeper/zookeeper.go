@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -34,6 +35,15 @@ var (
 const (
 	DefaultPrefix         = "/dlock"
 	DefaultSessionTimeout = 40 * time.Second
+)
+
+// The session timeouts go-zookeeper can ask for: it sends a whole number of
+// milliseconds as an int32 (a longer one wraps to a negative number), and
+// bounds its handshake by the timeout (below a millisecond, every handshake
+// times out at once). The server may still negotiate the one asked.
+const (
+	minSessionTimeout = time.Millisecond
+	maxSessionTimeout = math.MaxInt32 * time.Millisecond
 )
 
 // protectedPrefix marks a lock node created in protection mode: its name is
@@ -67,8 +77,9 @@ type Options struct {
 	Prefix string
 	// SessionTimeout is the session timeout asked of the server, which
 	// may negotiate it down (its maxSessionTimeout) or up. Default
-	// DefaultSessionTimeout (40s, the maximum of a default server). Lease
-	// TTLs may not exceed the negotiated value; see the package doc.
+	// DefaultSessionTimeout (40s, the maximum of a default server); from
+	// 1ms to 2^31-1 ms (about 596h), what the client library can send.
+	// Lease TTLs may not exceed the negotiated value; see the package doc.
 	SessionTimeout time.Duration
 	// Auth, if set, is "user:password" for ZooKeeper digest
 	// authentication; lock nodes are then created with an ACL that grants
@@ -165,6 +176,8 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 		return nil, fmt.Errorf("%w: zookeeper: no servers", backend.ErrInvalidConfig)
 	case o.SessionTimeout < 0:
 		return nil, fmt.Errorf("%w: zookeeper: negative SessionTimeout %v", backend.ErrInvalidConfig, o.SessionTimeout)
+	case o.SessionTimeout < minSessionTimeout || o.SessionTimeout > maxSessionTimeout:
+		return nil, fmt.Errorf("%w: zookeeper: SessionTimeout %v: want %v up to %v", backend.ErrInvalidConfig, o.SessionTimeout, minSessionTimeout, maxSessionTimeout)
 	case checkPrefix(o.Prefix) != nil:
 		return nil, checkPrefix(o.Prefix)
 	case o.Auth != "" && !strings.Contains(o.Auth, ":"):

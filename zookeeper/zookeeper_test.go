@@ -1,6 +1,7 @@
 package zookeeper_test
 
 import (
+	"context"
 	"errors"
 	"net/url"
 	"testing"
@@ -39,10 +40,15 @@ func TestParseURL(t *testing.T) {
 func TestBadOptions(t *testing.T) {
 	for _, o := range []zookeeper.Options{
 		{Prefix: "dlock"}, {Prefix: "/dlock/"}, {Prefix: "/a//b"}, {Auth: "nopassword"}, {SessionTimeout: -time.Second},
+		{SessionTimeout: time.Nanosecond}, {SessionTimeout: 10000 * time.Hour}, // not int32 milliseconds ≥ 1
 	} {
-		if _, err := zookeeper.NewDriver(t.Context(), []string{"127.0.0.1:1"}, &o); !errors.Is(err, dlock.ErrInvalidConfig) {
+		// A bad option is refused at once; the deadline only keeps an
+		// accepted one from waiting forever on the closed port.
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		if _, err := zookeeper.NewDriver(ctx, []string{"127.0.0.1:1"}, &o); !errors.Is(err, dlock.ErrInvalidConfig) {
 			t.Errorf("%+v: %v, want ErrInvalidConfig", o, err)
 		}
+		cancel()
 	}
 	if _, err := zookeeper.NewDriver(t.Context(), nil, nil); !errors.Is(err, dlock.ErrInvalidConfig) {
 		t.Errorf("no servers: %v, want ErrInvalidConfig", err)
