@@ -1,11 +1,15 @@
 package etcd_test
 
 import (
+	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance"
+	"github.com/dlock-go/dlock/etcd"
 	"github.com/dlock-go/dlock/internal/urlparam/urltest"
 )
 
@@ -47,4 +51,23 @@ func TestOpenNoServer(t *testing.T) {
 	t.Run("silent", func(t *testing.T) {
 		urltest.Unreachable(t, "etcd://ADDR?dial_timeout=1s", urltest.Listen(t).Addr(), time.Second, "dial_timeout (1s)")
 	})
+}
+
+// TestFailedOpenLogsNoWarnings: the etcd client built from a URL logs to
+// the Locker's Logger (not JSON on standard error), and the retries of an
+// Open that fails, whose error names the dial failure, are Debug lines.
+func TestFailedOpenLogsNoWarnings(t *testing.T) {
+	var rec conformance.LogRecorder
+	var mux dlock.URLMux
+	mux.RegisterLocker("etcd", &etcd.URLOpener{Options: etcd.Options{Locker: &dlock.Options{Logger: slog.New(&rec)}}})
+	_, err := mux.OpenLocker(t.Context(), "etcd://"+urltest.RefusedAddr(t)+"?dial_timeout=1500ms")
+	if !errors.Is(err, dlock.ErrUnavailable) || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("Open: %v; want ErrUnavailable naming the refused dial", err)
+	}
+	if !rec.Contains("dlock/etcd: client: ") {
+		t.Fatal("no record of the etcd client's own lines: they did not reach the Logger")
+	}
+	if w := rec.Above(slog.LevelDebug); len(w) > 0 {
+		t.Errorf("a failed Open logged above Debug: %q", w)
+	}
 }

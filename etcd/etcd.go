@@ -57,7 +57,10 @@ type Options struct {
 	// Locker configures the Locker that [New] returns (TTL, retries,
 	// drift factor, logger). Nil means defaults. Its Logger also receives
 	// the backend's warnings (a broken watch on the prefix; default
-	// slog.Default()): the one field NewDriver reads.
+	// slog.Default()): the one field NewDriver reads. A client that
+	// dlock.Open builds from a URL logs there too, as "dlock/etcd: client:"
+	// lines (at Debug until its first round trip is answered); a client
+	// of your own logs where its Config.Logger says.
 	Locker *dlock.Options
 }
 

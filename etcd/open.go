@@ -5,10 +5,12 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -99,6 +101,12 @@ func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error)
 		return nil, err
 	}
 	cfg.Context = context.WithoutCancel(ctx)
+	log := slog.Default()
+	if opts.Locker != nil && opts.Locker.Logger != nil {
+		log = opts.Locker.Logger
+	}
+	var up atomic.Bool // the first round trip has been answered
+	cfg.Logger = zapLogger(log, &up)
 	var dials urlparam.DialRecorder
 	cfg.DialOptions = append(cfg.DialOptions, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
@@ -120,6 +128,7 @@ func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error)
 		_ = client.Close()
 		return nil, unavailable("first round trip", dials.Explain(fctx, err, cfg.DialTimeout))
 	}
+	up.Store(true)
 	d, err := NewDriver(ctx, client, opts)
 	if err != nil {
 		_ = client.Close()
