@@ -51,6 +51,11 @@ func TestOpenNoServer(t *testing.T) {
 	t.Run("silent", func(t *testing.T) {
 		urltest.Unreachable(t, "etcd://ADDR?dial_timeout=1s", urltest.Listen(t).Addr(), time.Second, "dial_timeout (1s)")
 	})
+	// With credentials the client's first round trip (the token) is made
+	// inside clientv3.New: its error names the dial failure too.
+	t.Run("refused, with credentials", func(t *testing.T) {
+		urltest.Unreachable(t, "etcd://user:secret@ADDR?dial_timeout=1s", urltest.RefusedAddr(t), time.Second, "connection refused")
+	})
 }
 
 // TestFailedOpenLogsNoWarnings: the etcd client built from a URL logs to

@@ -115,7 +115,9 @@ func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error)
 	}))
 	client, err := clientv3.New(*cfg)
 	if err != nil {
-		return nil, unavailable("connecting", err)
+		// With credentials, New makes the first round trip itself (the
+		// token), within DialTimeout: say why the dials failed here too.
+		return nil, unavailable("connecting", dials.Explain(ctx, err, cfg.DialTimeout))
 	}
 	// dial_timeout bounds the first round trip (gRPC dials lazily, and
 	// the client retries a failed dial until its ctx ends); the error
