@@ -229,6 +229,10 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 					d.log.Debug("dlock/zookeeper: disconnected by Close", "server", ev.Server)
 					return
 				}
+				if !d.hadSession.Load() { // still opening: no lease yet, New reports the failure
+					d.log.Debug("dlock/zookeeper: disconnected before a session", "server", ev.Server)
+					return
+				}
 				d.log.Warn("dlock/zookeeper: disconnected; leases are uncertain until the session is back", "server", ev.Server)
 			case zk.StateExpired:
 				d.setLink(false)
