@@ -705,3 +705,21 @@ func TestLeaseContext(t *testing.T) {
 		t.Errorf("Context of an ended lease: Cause = %v, want ErrLeaseLost", context.Cause(ctx2))
 	}
 }
+
+// A TTL so long that DefaultMaxHoldFactor × TTL overflows a Duration (ttl=300000h
+// in a URL) still takes an auto-refreshed lease: the default MaxHold
+// saturates instead of wrapping below the TTL.
+func TestDefaultMaxHoldSaturates(t *testing.T) {
+	l, err := memory.New(memory.NewStore(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 300000 * time.Hour, AutoRefresh: true})
+	if err != nil {
+		t.Fatalf("TryAcquire, TTL 300000h, AutoRefresh: %v", err)
+	}
+	if err := le.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -596,6 +596,9 @@ func (l *Locker) check(key string, ao *AcquireOptions) error {
 	}
 	if ao.AutoRefresh && ao.MaxHold == 0 {
 		ao.MaxHold = DefaultMaxHoldFactor * ao.TTL
+		if ao.MaxHold/DefaultMaxHoldFactor != ao.TTL { // overflow: a TTL of centuries
+			ao.MaxHold = math.MaxInt64
+		}
 	}
 	if ao.AutoRefresh && ao.MaxHold < ao.TTL {
 		return fmt.Errorf("%w: MaxHold %v is shorter than the TTL %v it is to bound", ErrInvalidConfig, ao.MaxHold, ao.TTL)
