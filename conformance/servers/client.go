@@ -85,16 +85,22 @@ func isMissing(err error) bool {
 // daemon is this process's serverd child.
 type daemon struct {
 	cmd   *exec.Cmd
+	wait  func() error // cmd.Wait; nil when there is no process (tests)
 	stdin io.WriteCloser
-	done  chan struct{} // closed when serverd's output has ended
-	err   error         // why it ended; set before done is closed
+	done  chan struct{} // closed when serverd's output has ended and it has exited
+	err   error         // why it ended, with its exit status; set before done is closed
+	exit  error         // wait's result; set before done is closed
 
 	inMu sync.Mutex // serialises writes to stdin
 	enc  *json.Encoder
 
 	mu      sync.Mutex
 	nextID  uint64
-	pending map[uint64]chan response
+	pending map[uint64]chan response // buffered (1); the response is sent under mu
+	// abandoned holds the "new" requests whose caller's context ended
+	// before their response came: servers in a late response are
+	// terminated at once.
+	abandoned map[uint64]bool
 }
 
 var (
@@ -176,6 +182,7 @@ func startDaemon() (*daemon, error) {
 	}
 	d := &daemon{
 		cmd:     cmd,
+		wait:    cmd.Wait,
 		stdin:   stdin,
 		enc:     json.NewEncoder(stdin),
 		done:    make(chan struct{}),
@@ -198,17 +205,76 @@ func (d *daemon) read(r io.Reader) {
 		d.mu.Lock()
 		ch := d.pending[resp.ID]
 		delete(d.pending, resp.ID)
-		d.mu.Unlock()
 		if ch != nil {
-			ch <- resp // buffered
+			ch <- resp // buffered; under mu, so that abandon sees it
+		}
+		abandoned := d.abandoned[resp.ID]
+		delete(d.abandoned, resp.ID)
+		d.mu.Unlock()
+		if abandoned {
+			d.reap(resp)
 		}
 	}
-	err := sc.Err()
-	if err == nil {
-		err = io.EOF
+	// Its output ends when serverd exits (or dies): say how.
+	status := "exited"
+	if d.wait != nil {
+		d.exit = d.wait()
+		if d.exit != nil {
+			status = "ended (" + d.exit.Error() + ")" // "exit status 2", "signal: killed"
+		}
 	}
-	d.err = fmt.Errorf("servers: serverd's output ended: %w", err)
+	if err := sc.Err(); err != nil {
+		d.err = fmt.Errorf("servers: reading serverd's output: %w; serverd has %s", err, status)
+	} else {
+		d.err = fmt.Errorf("servers: serverd has %s; its messages, if any, are on standard error", status)
+	}
 	close(d.done)
+}
+
+// abandon marks the request id, whose caller no longer waits for it, so
+// that servers started for it are terminated: now if its response is in ch
+// already, else when it comes.
+func (d *daemon) abandon(id uint64, ch chan response) {
+	d.mu.Lock()
+	_, waiting := d.pending[id]
+	delete(d.pending, id)
+	if waiting {
+		if d.abandoned == nil {
+			d.abandoned = map[uint64]bool{}
+		}
+		d.abandoned[id] = true
+	}
+	d.mu.Unlock()
+	if !waiting {
+		select {
+		case resp := <-ch:
+			d.reap(resp)
+		default:
+		}
+	}
+}
+
+// reap terminates the servers of a response nobody waits for. It does not
+// wait for the terminations: their responses are dropped.
+func (d *daemon) reap(resp response) {
+	if resp.Error != nil {
+		return
+	}
+	var reqs []request
+	if resp.Group != "" {
+		reqs = append(reqs, request{Op: "terminategroup", Group: resp.Group})
+	} else {
+		for _, si := range resp.Servers {
+			reqs = append(reqs, request{Op: "terminate", Server: si.ID})
+		}
+	}
+	for _, req := range reqs {
+		d.mu.Lock()
+		d.nextID++
+		req.ID = d.nextID
+		d.mu.Unlock()
+		_ = d.send(req)
+	}
 }
 
 // call sends req to serverd and waits for its response, or for ctx to end
@@ -239,6 +305,16 @@ func (d *daemon) call(ctx context.Context, req request) (response, error) {
 	}
 	if err := d.send(req); err != nil {
 		forget()
+		// A write fails once serverd is gone: report that, and how it
+		// ended, rather than a broken pipe.
+		t := time.NewTimer(10 * time.Second)
+		defer t.Stop()
+		select {
+		case <-d.done:
+			return response{}, d.err
+		case <-ctx.Done():
+		case <-t.C:
+		}
 		return response{}, err
 	}
 	select {
@@ -248,8 +324,12 @@ func (d *daemon) call(ctx context.Context, req request) (response, error) {
 		}
 		return resp, nil
 	case <-ctx.Done():
-		forget()
 		_ = d.send(request{Op: "cancel", Target: req.ID})
+		if req.Op == "new" {
+			d.abandon(req.ID, ch)
+		} else {
+			forget()
+		}
 		return response{}, fmt.Errorf("servers: %s: %w", req.Op, ctx.Err())
 	case <-d.done:
 		forget()
@@ -282,8 +362,8 @@ func (d *daemon) stop() error {
 		err = errors.Join(err, errors.New("servers: serverd did not exit in time; killed"))
 		<-d.done
 	}
-	if werr := d.cmd.Wait(); werr != nil && err == nil {
-		err = fmt.Errorf("servers: serverd: %w", werr)
+	if d.exit != nil && err == nil {
+		err = fmt.Errorf("servers: serverd: %w", d.exit)
 	}
 	return err
 }

@@ -134,10 +134,12 @@
 // child's standard input, answered on its standard output, matched by a
 // request id, so that parallel tests' requests run concurrently. A
 // request's context deadline goes with it, and a request whose context
-// ends is cancelled in serverd. Errors keep what tests look at: their
-// message, matching [ErrNoFaketime] or [ErrNeedsHostNetwork], and whether
-// something (Docker, an image) is missing, on which tests skip unless
-// DLOCK_REQUIRE_SERVERS=1.
+// ends is cancelled in serverd (servers it had started by then are
+// terminated, not left running until the process ends). If serverd dies,
+// every call fails at once with an error that gives its exit status.
+// Errors keep what tests look at: their message, matching [ErrNoFaketime]
+// or [ErrNeedsHostNetwork], and whether something (Docker, an image) is
+// missing, on which tests skip unless DLOCK_REQUIRE_SERVERS=1.
 //
 // [Main] asks serverd to remove everything and waits for it to exit. A test
 // process that dies without Main (a crash, a timeout panic, SIGKILL) closes
