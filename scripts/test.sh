@@ -29,7 +29,8 @@
 #   5. exports DLOCK_REQUIRE_SERVERS=1 so no server test skips silently;
 #   6. builds serverd (conformance/servers/serverd, which runs the
 #      containers for conformance/servers) once, into the cache directory,
-#      and exports DLOCK_SERVERD naming it.
+#      and exports DLOCK_SERVERD naming it (unless DLOCK_SERVERD names
+#      another binary).
 #
 # Usage:
 #   scripts/test.sh                      # go test -race -count=1 over every module of go.work
@@ -382,10 +383,13 @@ ensure_image "${DLOCK_POSTGRES_IMAGE:-postgres:15}" build_debian_standin postgre
 # of its own: testcontainers-go stays out of the library's go.mod files),
 # one child process per test process. Built once here, into the cache, so
 # that test processes need not each build it.
+# A DLOCK_SERVERD that names this script's own binary (exported from a
+# --setup-only run) is built again too: go build is quick when nothing
+# changed, and the binary must not lag behind serverd's source.
 step "Building serverd"
-if [ -z "${DLOCK_SERVERD:-}" ]; then
-	mkdir -p "$cache_dir"
-	serverd_bin="$cache_dir/serverd-$(pwd | sha256sum | cut -c1-12)"
+mkdir -p "$cache_dir"
+serverd_bin="$cache_dir/serverd-$(pwd | sha256sum | cut -c1-12)"
+if [ -z "${DLOCK_SERVERD:-}" ] || [ "$DLOCK_SERVERD" = "$serverd_bin" ]; then
 	(cd conformance/servers/serverd && go build -o "$serverd_bin.tmp.$$" .) ||
 		die "building conformance/servers/serverd failed"
 	mv -f "$serverd_bin.tmp.$$" "$serverd_bin"
