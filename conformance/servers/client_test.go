@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -161,5 +163,59 @@ func TestServerdDeathReported(t *testing.T) {
 	}
 	if err := d.stop(); err == nil || !strings.Contains(err.Error(), "exit status 3") {
 		t.Fatalf("stop of a serverd that exited with status 3: %v; want its exit status", err)
+	}
+}
+
+// TestServerdCleansUpWithoutItsStderr: serverd removes its containers when
+// its input ends even if its standard error is gone by then (the go
+// command that read the test process's output has exited, after a ^C): a
+// write to a closed pipe on fd 1 or 2 must not kill it with SIGPIPE before
+// it has cleaned up.
+func TestServerdCleansUpWithoutItsStderr(t *testing.T) {
+	Redis(t, 1) // skips (or fails) as any server test when there are no servers
+	bin, dir, err := serverdBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dir != "" {
+		defer os.RemoveAll(dir)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin)
+	cmd.Stderr = errW
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	_ = errW.Close()
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	if _, err := stdin.Write([]byte(`{"id":1,"op":"new","kind":"redis","n":1}` + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	var resp response
+	if err := json.NewDecoder(stdout).Decode(&resp); err != nil || resp.Error != nil || len(resp.Servers) != 1 {
+		t.Fatalf("new: %+v, %v", resp, err)
+	}
+	addr := resp.Servers[0].Addr
+	_ = errR.Close() // serverd's standard error is gone
+	_ = stdin.Close()
+	err = cmd.Wait()
+	if err != nil {
+		t.Errorf("serverd after its input ended, with no standard error: %v; want a clean exit", err)
+	}
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err == nil {
+		_ = c.Close()
+		t.Fatalf("the server at %s still accepts connections after serverd exited", addr)
 	}
 }

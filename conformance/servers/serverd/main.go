@@ -20,7 +20,8 @@
 // started and removes every network it created, and exits (status 1 if
 // some could not be removed). It ignores SIGINT, which an interactive ^C
 // sends to the whole process group: the test process dies of it and the
-// end of input follows; SIGTERM is handled like the end of input.
+// end of input follows; SIGTERM is handled like the end of input. It
+// ignores SIGPIPE too: its output or standard error may be gone by then.
 //
 // The servers' configuration comes from the environment, as documented by
 // the servers package (DLOCK_REDIS_IMAGE, DLOCK_TEST_NETWORK, ...).
@@ -127,6 +128,10 @@ func main() {
 	out := os.Stdout
 	os.Stdout = os.Stderr
 	signal.Ignore(os.Interrupt)
+	// A write to a closed pipe on fd 1 or 2 (the test process, or the go
+	// command reading its output, is gone) must be an error, not death by
+	// SIGPIPE before the clean-up.
+	signal.Ignore(syscall.SIGPIPE)
 	terms := make(chan os.Signal, 1)
 	signal.Notify(terms, syscall.SIGTERM)
 
