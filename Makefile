@@ -9,7 +9,7 @@ GO ?= go
 # the workspace.
 PKGS = $(shell $(GO) list -m -f '{{.Dir}}/...' | sed 's|^$(CURDIR)|.|')
 
-.PHONY: test lint bench matrix gosum
+.PHONY: test lint bench matrix gosum proxycheck
 
 # Run every test against real servers; scripts/test.sh provides Docker and the
 # server images (stand-ins built from Debian packages where none can be pulled).
@@ -25,7 +25,8 @@ matrix:
 # gofmt, go vet over every module, every module's go.mod/go.sum tidy on
 # its own (GOWORK=off: in the workspace a module could use a requirement
 # only another module states), two guards, and the consumer go.sum check
-# (gosum). Guards: no module but conformance/servers/serverd requires
+# (gosum, which also proves the modules resolve from a module proxy once
+# released: scripts/proxycheck.sh). Guards: no module but conformance/servers/serverd requires
 # testcontainers-go (in its go.mod or go.sum: the test servers' container
 # code lives in serverd alone), and the library's non-test code does not
 # depend on the test server package (conformance/servers).
@@ -47,10 +48,18 @@ lint: gosum
 	if [ -n "$$bad" ]; then echo "non-test code depends on conformance/servers or testcontainers-go:"; echo "$$bad"; exit 1; fi
 
 # What a user's go.sum gets from dlock: scratch consumer modules (root plus
-# one backend, and the clients alone) tidied outside the repository; fails
-# above the limits (scripts/gosum.sh). Needs the Go module proxy.
+# one backend, and the clients alone) outside the repository, getting
+# dlock's modules from a file-based module proxy as released by
+# scripts/release.sh (scripts/proxycheck.sh); fails if they do not resolve
+# and build without replace directives, or above the go.sum limits
+# (scripts/gosum.sh). Needs the Go module proxy.
 gosum:
 	scripts/gosum.sh
+
+# The release check alone: release at a test version in a scratch clone,
+# serve the tagged modules from a file GOPROXY, go get + build consumers.
+proxycheck:
+	scripts/proxycheck.sh
 
 # Benchmarks against real servers (same setup as test), without -race.
 # Extra arguments: make bench ARGS='-bench Cycle -count 10 ./redis/'

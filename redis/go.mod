@@ -7,8 +7,8 @@ replace github.com/dlock-go/dlock => ..
 replace github.com/dlock-go/dlock/internal/redisx => ../internal/redisx
 
 require (
-	github.com/dlock-go/dlock v0.0.0-00010101000000-000000000000
-	github.com/dlock-go/dlock/internal/redisx v0.0.0-00010101000000-000000000000
+	github.com/dlock-go/dlock v0.1.0
+	github.com/dlock-go/dlock/internal/redisx v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.uber.org/goleak v1.3.0
 )

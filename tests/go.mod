@@ -17,19 +17,20 @@ replace github.com/dlock-go/dlock/zookeeper => ../zookeeper
 replace github.com/dlock-go/dlock/fence => ../fence
 
 require (
-	github.com/dlock-go/dlock v0.0.0-00010101000000-000000000000
-	github.com/dlock-go/dlock/etcd v0.0.0-00010101000000-000000000000
-	github.com/dlock-go/dlock/fence v0.0.0-00010101000000-000000000000
-	github.com/dlock-go/dlock/internal/redisx v0.0.0-00010101000000-000000000000
-	github.com/dlock-go/dlock/redis v0.0.0-00010101000000-000000000000
-	github.com/dlock-go/dlock/redlock v0.0.0-00010101000000-000000000000
-	github.com/dlock-go/dlock/zookeeper v0.0.0-00010101000000-000000000000
+	github.com/dlock-go/dlock v0.1.0
+	github.com/dlock-go/dlock/etcd v0.1.0
+	github.com/dlock-go/dlock/fence v0.1.0
+	github.com/dlock-go/dlock/internal/redisx v0.1.0
+	github.com/dlock-go/dlock/redis v0.1.0
+	github.com/dlock-go/dlock/redlock v0.1.0
+	github.com/dlock-go/dlock/zookeeper v0.1.0
 	github.com/go-zookeeper/zk v1.0.4
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.etcd.io/etcd/api/v3 v3.7.3
 	go.etcd.io/etcd/client/v3 v3.7.3
 	go.uber.org/goleak v1.3.0
+	golang.org/x/mod v0.41.0
 )
 
 require (

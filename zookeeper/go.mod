@@ -5,7 +5,7 @@ go 1.26.0
 replace github.com/dlock-go/dlock => ..
 
 require (
-	github.com/dlock-go/dlock v0.0.0-00010101000000-000000000000
+	github.com/dlock-go/dlock v0.1.0
 	github.com/go-zookeeper/zk v1.0.4
 )
 

@@ -17,19 +17,19 @@ replace github.com/dlock-go/dlock/zookeeper => ../../zookeeper
 replace github.com/dlock-go/dlock/fence => ../../fence
 
 require (
-	github.com/dlock-go/dlock v0.0.0-00010101000000-000000000000
-	github.com/dlock-go/dlock/etcd v0.0.0-00010101000000-000000000000
-	github.com/dlock-go/dlock/redis v0.0.0-00010101000000-000000000000
-	github.com/dlock-go/dlock/zookeeper v0.0.0-00010101000000-000000000000
+	github.com/dlock-go/dlock v0.1.0
+	github.com/dlock-go/dlock/etcd v0.1.0
+	github.com/dlock-go/dlock/redis v0.1.0
+	github.com/dlock-go/dlock/zookeeper v0.1.0
 )
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/coreos/go-semver v0.3.1 // indirect
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
-	github.com/dlock-go/dlock/fence v0.0.0-00010101000000-000000000000
-	github.com/dlock-go/dlock/internal/redisx v0.0.0-00010101000000-000000000000 // indirect
-	github.com/dlock-go/dlock/redlock v0.0.0-00010101000000-000000000000
+	github.com/dlock-go/dlock/fence v0.1.0
+	github.com/dlock-go/dlock/internal/redisx v0.1.0 // indirect
+	github.com/dlock-go/dlock/redlock v0.1.0
 	github.com/go-zookeeper/zk v1.0.4 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.29.0 // indirect
