@@ -186,13 +186,18 @@ type DialRecorder struct {
 	last error
 }
 
-// Note records err, if it is not nil, as the last dial error.
+// Note records err, if it is not nil, as the last dial error. A dial cut
+// short by its context (Open's deadline ending a retry) does not replace
+// an error that says why the dials failed ("connection refused").
 func (r *DialRecorder) Note(err error) {
 	if err == nil {
 		return
 	}
+	cut := errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 	r.mu.Lock()
-	r.last = err
+	if !cut || r.last == nil {
+		r.last = err
+	}
 	r.mu.Unlock()
 }
 
