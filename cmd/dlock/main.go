@@ -1,0 +1,125 @@
+// Command dlock runs a command under a distributed lock, compares lock
+// backends on your own servers, serves a local etcd for development, and
+// shows who holds a lock.
+//
+// Usage:
+//
+//	dlock <command> [flags] [arguments]
+//
+// The commands are:
+//
+//	run      run a command while holding a lock
+//	compare  run one workload against each backend and print a table
+//	serve    start a single-member etcd for local development
+//	inspect  show who holds a lock (read-only)
+//	help     show help for a command
+//
+// Backends are chosen by URL, as in dlock.Open: --url, or DLOCK_URL; or by
+// purpose (--purpose correctness|efficiency), with DLOCK_CORRECTNESS_URL and
+// DLOCK_EFFICIENCY_URL (dlock.ConfigFromEnv).
+//
+// Exit status: 0 on success; 2 for a usage error; 1 when a command other
+// than run fails. dlock run passes the command's exit status through (128+N
+// if a signal N ended it) and uses its own codes only when the command did
+// not run to its end: 75 the lock was not acquired (--try found it held, or
+// --wait passed), 124 the lease was lost and the command was stopped, 125
+// dlock itself failed (bad URL, backend unreachable), 126 the command could
+// not be started, 127 the command was not found.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+)
+
+// Exit statuses (see the package documentation).
+const (
+	exitOK          = 0
+	exitFailure     = 1
+	exitUsage       = 2
+	exitNotAcquired = 75 // EX_TEMPFAIL
+	exitLeaseLost   = 124
+	exitDlockFailed = 125
+	exitCannotRun   = 126
+	exitNotFound    = 127
+)
+
+// command is one subcommand: run parses args (the arguments after its
+// name) and returns the exit status.
+type command struct {
+	name, short string
+	run         func(ctx context.Context, env *env, args []string) int
+}
+
+// env is what a command may use of the process, so that tests can run the
+// commands in-process as well as through the binary.
+type env struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	getenv         func(string) string
+}
+
+var commands []*command // filled in by each command's file (init)
+
+func register(c *command) { commands = append(commands, c) }
+
+func main() {
+	e := &env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
+	os.Exit(dispatch(context.Background(), e, os.Args[1:]))
+}
+
+func dispatch(ctx context.Context, e *env, args []string) int {
+	if len(args) == 0 {
+		usage(e.stderr)
+		return exitUsage
+	}
+	name := args[0]
+	switch name {
+	case "help", "-h", "-help", "--help":
+		if len(args) > 1 {
+			if c := lookup(args[1]); c != nil {
+				return c.run(ctx, e, []string{"-h"})
+			}
+			fmt.Fprintf(e.stderr, "dlock help %s: unknown command. Run 'dlock help'.\n", args[1])
+			return exitUsage
+		}
+		usage(e.stdout)
+		return exitOK
+	}
+	c := lookup(name)
+	if c == nil {
+		fmt.Fprintf(e.stderr, "dlock %s: unknown command\nRun 'dlock help' for usage.\n", name)
+		return exitUsage
+	}
+	return c.run(ctx, e, args[1:])
+}
+
+func lookup(name string) *command {
+	for _, c := range commands {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `dlock runs commands under a distributed lock, compares lock backends,
+serves a local etcd, and shows who holds a lock.
+
+Usage:
+
+	dlock <command> [flags] [arguments]
+
+The commands are:
+
+`)
+	for _, c := range commands {
+		fmt.Fprintf(w, "\t%-8s %s\n", c.name, c.short)
+	}
+	fmt.Fprint(w, `
+Use "dlock help <command>" or "dlock <command> -h" for more about a command.
+`)
+}
