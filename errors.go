@@ -47,7 +47,7 @@ var (
 // matches one of the sentinel errors.
 type OpError struct {
 	// Op is the operation: "acquire", "try-acquire", "refresh", "release",
-	// "open" or "close".
+	// "inspect", "keys", "open" or "close".
 	Op string
 	// Key is the lock key ("" for operations on no key).
 	Key string

@@ -7,8 +7,8 @@
 // automatic refresh, the lease-lost signal, the closed state and error
 // wrapping). A backend implements only what differs: one acquire attempt,
 // refresh, release, and optionally a native way to wait for a key to be freed
-// ([Waiter], or a whole queue, [Queuer]) and a way to learn that a lease was
-// lost ([LossNotifier]).
+// ([Waiter], or a whole queue, [Queuer]), a way to learn that a lease was
+// lost ([LossNotifier]) and a read-only view of its locks ([Inspector]).
 //
 // Guarantees the dlock layer gives a backend:
 //   - keys have passed [ValidateKey] and [Driver.ValidateKey];
@@ -336,4 +336,37 @@ type RefreshRequest struct {
 	Granted time.Duration
 	// Err is set on failure.
 	Err error
+}
+
+// LockInfo is what an [Inspector] reads about one key: who holds it, for how
+// long yet, and how many wait. It is a snapshot, stale as soon as it is
+// read; use it for diagnostics, never to decide who may act.
+type LockInfo struct {
+	// Held reports that a lease on the key is held.
+	Held bool
+	// Token is the holder's fencing token (as its Lease.Token returns),
+	// or 0 when the key is free or the backend cannot tell.
+	Token uint64
+	// TTL is the time left on the holder's lease, as the server counts
+	// it, or 0 when the key is free or the backend cannot tell (a
+	// ZooKeeper lock lasts as long as its holder's session).
+	TTL time.Duration
+	// Waiters is the number of waiters queued on the server behind the
+	// holder, or -1 when the backend cannot tell (Redis and Redlock keep
+	// no queue: their waiters poll or watch from their own processes).
+	Waiters int
+}
+
+// Inspector is implemented by a [Driver] that can read the state of its locks
+// without changing it. The dlock layer has validated key (as for
+// TryAcquire) and limit (> 0) before the call.
+type Inspector interface {
+	// Inspect reads who holds key. It writes nothing: no lease is taken,
+	// refreshed or released, and no waiter is woken.
+	Inspect(ctx context.Context, key string) (LockInfo, error)
+	// Keys lists up to limit keys (dlock keys, not the server's own
+	// names) that have a holder or a waiter on the server, under this
+	// Driver's prefix or namespace only, in no particular order. It
+	// returns an empty list when the key space is empty.
+	Keys(ctx context.Context, limit int) ([]string, error)
 }

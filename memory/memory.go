@@ -286,3 +286,45 @@ func (l *lease) NotifyLoss(f func(error)) {
 
 // Name implements backend.Namer: "memory".
 func (d *Driver) Name() string { return "memory" }
+
+// Inspect implements backend.Inspector. It changes nothing (an expired
+// grant is reported free, not dropped). Waiters is -1: the store keeps no
+// queue, only one watch per waiting Locker.
+func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return backend.LockInfo{}, fmt.Errorf("%w: %w", backend.ErrUnavailable, err)
+	}
+	s := d.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.locks[key]
+	if g == nil {
+		return backend.LockInfo{Waiters: -1}, nil
+	}
+	left := time.Until(g.expires)
+	if left <= 0 {
+		return backend.LockInfo{Waiters: -1}, nil
+	}
+	return backend.LockInfo{Held: true, Token: g.token, TTL: left, Waiters: -1}, nil
+}
+
+// Keys implements backend.Inspector: the keys of the store that are held.
+func (d *Driver) Keys(ctx context.Context, limit int) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %w", backend.ErrUnavailable, err)
+	}
+	s := d.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	var keys []string
+	for k, g := range s.locks {
+		if len(keys) == limit {
+			break
+		}
+		if now.Before(g.expires) {
+			keys = append(keys, k)
+		}
+	}
+	return keys, nil
+}

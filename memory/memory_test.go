@@ -68,3 +68,10 @@ func TestConformancePolling(t *testing.T) {
 		return plainHarness{harness{memory.NewStore()}}, nil
 	})
 }
+
+func TestInspect(t *testing.T) {
+	var _ backend.Inspector = memory.NewDriver(nil)
+	conformance.RunInspect(t, func(context.Context, *testing.T) (conformance.Harness, error) {
+		return harness{memory.NewStore()}, nil
+	}, conformance.InspectCaps{Token: true, TTL: true})
+}

@@ -1,0 +1,169 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+)
+
+// InspectCaps says what a backend's Inspect can tell, for [RunInspect].
+type InspectCaps struct {
+	// Token: Inspect reports the holder's fencing token.
+	Token bool
+	// TTL: Inspect reports the time left on the holder's lease.
+	TTL bool
+	// Waiters: Inspect counts the waiters queued on the server (else it
+	// reports -1).
+	Waiters bool
+}
+
+// RunInspect checks Locker.Inspect and Locker.Keys on a backend that
+// implements backend.Inspector: a free key reads free, a held one reads
+// held with the holder's token and a TTL in (0, granted], a queued waiter
+// is counted (where caps.Waiters), Keys lists a held key, a released key
+// reads free again, and bad input is refused with a typed error before any
+// I/O.
+func RunInspect(t *testing.T, newHarness HarnessMaker, caps InspectCaps) {
+	ctx := t.Context()
+	h, err := newHarness(ctx, t)
+	if err != nil {
+		t.Fatalf("making harness: %v", err)
+	}
+	t.Cleanup(h.Close)
+	s := &suite{h: h}
+	a, b := s.locker(t), s.locker(t)
+	s.lim = a.Limits()
+
+	t.Run("BadInput", func(t *testing.T) {
+		for _, k := range []string{"", strings.Repeat("k", dlock.MaxKeyLen+1), "a\x00b"} {
+			// A cancelled context: a backend that did I/O first would
+			// fail with ErrUnavailable, not ErrInvalidKey.
+			cctx, cancel := context.WithCancel(ctx)
+			cancel()
+			_, err := a.Inspect(cctx, k)
+			cancel()
+			if !errors.Is(err, dlock.ErrInvalidKey) {
+				t.Errorf("Inspect(%q): got %v, want an error matching ErrInvalidKey", k, err)
+			}
+		}
+		if _, err := a.Keys(ctx, 0); !errors.Is(err, dlock.ErrInvalidConfig) {
+			t.Errorf("Keys(0): got %v, want an error matching ErrInvalidConfig", err)
+		}
+	})
+
+	t.Run("FreeHeldReleased", func(t *testing.T) {
+		k := key(t)
+		info, err := a.Inspect(ctx, k)
+		if err != nil {
+			t.Fatalf("Inspect(free %q): %v", k, err)
+		}
+		if info.Held || info.Token != 0 || info.TTL != 0 {
+			t.Errorf("Inspect(free key) = %+v, want not held, no token, no TTL", info)
+		}
+		ttl := max(10*time.Second, s.lim.MinTTL)
+		le := acquire(t, b, k, &dlock.AcquireOptions{TTL: ttl})
+		info, err = a.Inspect(ctx, k)
+		if err != nil {
+			t.Fatalf("Inspect(held %q): %v", k, err)
+		}
+		if !info.Held {
+			t.Fatalf("Inspect(held key) = %+v, want held", info)
+		}
+		if caps.Token && info.Token != uint64(le.Token()) {
+			t.Errorf("Inspect(held key).Token = %d, want the lease's token %d", info.Token, le.Token())
+		}
+		if !caps.Token && info.Token != 0 {
+			t.Errorf("Inspect(held key).Token = %d, want 0 (unknown)", info.Token)
+		}
+		if caps.TTL && (info.TTL <= 0 || info.TTL > le.TTL()) {
+			t.Errorf("Inspect(held key).TTL = %v, want in (0, %v]", info.TTL, le.TTL())
+		}
+		if !caps.TTL && info.TTL != 0 {
+			t.Errorf("Inspect(held key).TTL = %v, want 0 (unknown)", info.TTL)
+		}
+		if want := 0; !caps.Waiters {
+			if info.Waiters != -1 {
+				t.Errorf("Inspect(held key).Waiters = %d, want -1 (unknown)", info.Waiters)
+			}
+		} else if info.Waiters != want {
+			t.Errorf("Inspect(held key).Waiters = %d, want %d", info.Waiters, want)
+		}
+		keys, err := a.Keys(ctx, 1000)
+		if err != nil {
+			t.Fatalf("Keys: %v", err)
+		}
+		if !slices.Contains(keys, k) {
+			t.Errorf("Keys(1000) = %q, want it to list the held key %q", keys, k)
+		}
+		if keys, err := a.Keys(ctx, 1); err != nil || len(keys) != 1 {
+			t.Errorf("Keys(1) = %q, %v, want one key", keys, err)
+		}
+		if got, err := b.Inspect(ctx, k); err != nil || !got.Held {
+			t.Errorf("Inspect through the holder's Locker = %+v, %v, want held", got, err)
+		}
+		release(t, le)
+		info, err = a.Inspect(ctx, k)
+		if err != nil {
+			t.Fatalf("Inspect(released %q): %v", k, err)
+		}
+		if info.Held {
+			t.Errorf("Inspect(released key) = %+v, want not held", info)
+		}
+		keys, err = a.Keys(ctx, 1000)
+		if err != nil {
+			t.Fatalf("Keys: %v", err)
+		}
+		if slices.Contains(keys, k) {
+			t.Errorf("Keys(1000) = %q, lists the released key %q", keys, k)
+		}
+	})
+
+	if caps.Waiters {
+		t.Run("Waiters", func(t *testing.T) {
+			k := key(t)
+			le := acquire(t, a, k, &dlock.AcquireOptions{TTL: max(10*time.Second, s.lim.MinTTL)})
+			wctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() {
+				wl, err := b.Acquire(wctx, k, nil)
+				if err == nil {
+					err = errors.New("granted while the key was held")
+					_ = wl.Release(ctx)
+				}
+				done <- err
+			}()
+			pollInspect(t, a, k, func(i dlock.LockInfo) bool { return i.Held && i.Waiters == 1 }, "held with 1 waiter")
+			cancel()
+			if err := <-done; !errors.Is(err, dlock.ErrNotAcquired) {
+				t.Errorf("cancelled waiter: %v, want ErrNotAcquired", err)
+			}
+			pollInspect(t, a, k, func(i dlock.LockInfo) bool { return i.Held && i.Waiters == 0 }, "held with 0 waiters")
+			release(t, le)
+		})
+	}
+}
+
+// pollInspect inspects key until ok says yes, within slack.
+func pollInspect(t *testing.T, l *dlock.Locker, key string, ok func(dlock.LockInfo) bool, want string) {
+	t.Helper()
+	deadline := time.Now().Add(slack)
+	for {
+		info, err := l.Inspect(t.Context(), key)
+		if err != nil {
+			t.Fatalf("Inspect(%q): %v", key, err)
+		}
+		if ok(info) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Inspect(%q) = %+v after %v, want %s", key, info, slack, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
