@@ -1,0 +1,37 @@
+package redis
+
+import (
+	"context"
+
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/redisx/redisscript"
+)
+
+var _ backend.Inspector = (*Driver)(nil)
+
+// Inspect implements backend.Inspector: it reads the lock key's existence
+// and PTTL and the key's fencing counter in one MULTI/EXEC, writing
+// nothing. The token is the counter, which holds the token of the last
+// grant (the holder's) — 0 if the counter was lost (a restart or failover
+// that lost it while the lock key survived). Waiters is -1: Redis keeps no
+// queue (a waiter only marks the lock as waited for).
+func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
+	s, err := redisscript.Inspect(ctx, d.client, d.lockKey(key))
+	if err != nil {
+		return backend.LockInfo{}, unavailable(err)
+	}
+	if !s.Held {
+		return backend.LockInfo{Waiters: -1}, nil
+	}
+	return backend.LockInfo{Held: true, Token: s.Counter, TTL: s.PTTL, Waiters: -1}, nil
+}
+
+// Keys implements backend.Inspector: the held keys under the Driver's
+// prefix, by SCAN (on every master of a Cluster).
+func (d *Driver) Keys(ctx context.Context, limit int) ([]string, error) {
+	keys, err := redisscript.LockKeys(ctx, d.client, d.prefix, limit)
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	return keys, nil
+}
