@@ -1,0 +1,74 @@
+package redlock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance"
+	"github.com/dlock-go/dlock/conformance/servers"
+)
+
+func TestInspect(t *testing.T) {
+	a := addrs(servers.Redis(t, 5))
+	conformance.RunInspect(t, func(ctx context.Context, t *testing.T) (conformance.Harness, error) {
+		return &harness{tb: t, addrs: a, admin: clients(t, a)}, nil
+	}, conformance.InspectCaps{TTL: true})
+}
+
+// TestInspectMajority: a key is held only when a majority of the nodes
+// hold one value; the TTL is the least among them; a node that does not
+// answer makes Inspect fail when the answers cannot tell.
+func TestInspectMajority(t *testing.T) {
+	a := addrs(servers.Redis(t, 5))
+	admin := clients(t, a)
+	h := &harness{tb: t, addrs: a, admin: admin}
+	t.Cleanup(h.Close)
+	l, err := h.NewLocker(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := t.Context()
+	key := uniqueKey(t)
+	set := func(node int, value string, ttl time.Duration) {
+		t.Helper()
+		if err := admin[node].Set(ctx, lockKey(key), value, ttl).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inspect := func() dlock.LockInfo {
+		t.Helper()
+		info, err := l.Inspect(ctx, key)
+		if err != nil {
+			t.Fatalf("Inspect: %v", err)
+		}
+		return info
+	}
+	set(0, "v", 30*time.Second)
+	set(1, "v", 20*time.Second)
+	set(2, "w", 30*time.Second)
+	if info := inspect(); info.Held {
+		t.Errorf("Inspect with 2 of 5 nodes on one value = %+v, want not held", info)
+	}
+	set(3, "v+", 10*time.Second) // marked as waited for: the same holder
+	info := inspect()
+	if !info.Held || info.TTL <= 0 || info.TTL > 10*time.Second || info.Token != 0 || info.Waiters != -1 {
+		t.Errorf("Inspect with 3 of 5 nodes on one value = %+v, want held, TTL in (0, 10s], no token, Waiters -1", info)
+	}
+	keys, err := l.Keys(ctx, 1000)
+	if err != nil || !contains(keys, key) {
+		t.Errorf("Keys = %q, %v; want %q among them", keys, err, key)
+	}
+}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
