@@ -71,4 +71,3 @@ func contains(s []string, v string) bool {
 	}
 	return false
 }
-
