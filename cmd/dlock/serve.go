@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+)
+
+func init() {
+	register(&command{name: "serve", short: "start a single-member etcd for local development", run: serve})
+}
+
+// serveDefaultListen is the client address of dlock serve: etcd's own
+// default, on the loopback interface.
+const serveDefaultListen = "127.0.0.1:2379"
+
+// serveReadyTimeout bounds the wait for the embedded etcd to be ready
+// (replaying a large data directory may take a while).
+const serveReadyTimeout = 60 * time.Second
+
+// serveLogName is the file, in the data directory, that etcd's own log
+// goes to.
+const serveLogName = "etcd.log"
+
+const serveUsage = `usage: dlock serve [--data DIR] [--listen 127.0.0.1:2379]
+
+Serve starts a single-member etcd server in this process, for local
+development: a correctness-grade dlock backend (consensus fencing) with
+no Docker and no other install. Once it is ready it prints the URL to
+give dlock (etcd://127.0.0.1:2379) and an export line for $DLOCK_URL;
+it runs until interrupted (SIGINT or SIGTERM), then stops cleanly and
+exits with status 0.
+
+The data (etcd's member directory) is kept in DIR, so the locks and the
+fencing tokens survive a restart: a restarted server goes on with larger
+tokens. The default DIR is dlock/serve in the user's cache directory
+(os.UserCacheDir: $XDG_CACHE_HOME or ~/.cache on Linux, ~/Library/Caches
+on macOS), or ./dlock-serve-data where there is none. etcd's own log goes
+to DIR/etcd.log (warnings and errors only).
+
+The server listens for clients on the --listen address, which must be on
+the loopback interface (127.0.0.1, ::1 or localhost): it has no TLS and
+no authentication. The peer port (which a single member does not use,
+but etcd needs) is a free loopback port chosen at each start.
+
+Flags:
+`
+
+func serve(ctx context.Context, e *env, args []string) int {
+	fs := flag.NewFlagSet("dlock serve", flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), serveUsage)
+		fs.PrintDefaults()
+	}
+	data := fs.String("data", "", "keep etcd's data in `DIR` (default: dlock/serve in the user's cache directory)")
+	listen := fs.String("listen", serveDefaultListen, "serve clients on this loopback `address`")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(e.stdout)
+			fs.Usage()
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(e.stderr, "dlock serve: unexpected argument %q\nRun 'dlock serve -h' for usage.\n", fs.Arg(0))
+		return exitUsage
+	}
+	host, port, err := loopbackAddr(*listen)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "dlock serve: --listen %s: %v\nRun 'dlock serve -h' for usage.\n", *listen, err)
+		return exitUsage
+	}
+	dir := *data
+	if dir == "" {
+		dir = defaultServeDir()
+	}
+	if dir, err = filepath.Abs(dir); err == nil {
+		err = os.MkdirAll(dir, 0o700)
+	}
+	if err != nil {
+		fmt.Fprintf(e.stderr, "dlock serve: data directory: %v\n", err)
+		return exitFailure
+	}
+
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := runEtcd(ctx, e.stdout, dir, host, port); err != nil {
+		fmt.Fprintf(e.stderr, "dlock serve: %v\n", err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+// loopbackAddr splits a --listen address and checks that its host is a
+// loopback address (localhost is 127.0.0.1) and its port a number.
+func loopbackAddr(addr string) (host, port string, err error) {
+	host, port, err = net.SplitHostPort(addr)
+	if err != nil {
+		return "", "", err
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return "", "", fmt.Errorf("want a port from 1 to 65535")
+	}
+	if host == "localhost" {
+		host = "127.0.0.1"
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsLoopback() {
+		return "", "", fmt.Errorf("not a loopback address (the server has no TLS and no authentication)")
+	}
+	return host, port, nil
+}
+
+// defaultServeDir is the data directory when --data is not given.
+func defaultServeDir() string {
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "dlock", "serve")
+	}
+	return "dlock-serve-data"
+}
+
+// runEtcd runs a single-member etcd with its data in dir, serving clients
+// on host:port, until ctx ends; it prints the URL to stdout once the
+// server is ready.
+func runEtcd(ctx context.Context, stdout io.Writer, dir, host, port string) error {
+	clientURL := url.URL{Scheme: "http", Host: net.JoinHostPort(host, port)}
+	// Port 0: the peer listener gets a free port from the kernel (no
+	// other member ever dials it; the URL etcd records is the same at
+	// every start).
+	peerURL := url.URL{Scheme: "http", Host: net.JoinHostPort(host, "0")}
+
+	cfg := embed.NewConfig()
+	cfg.Name = "dlock-serve"
+	cfg.Dir = dir
+	cfg.ListenClientUrls = []url.URL{clientURL}
+	cfg.AdvertiseClientUrls = []url.URL{clientURL}
+	cfg.ListenPeerUrls = []url.URL{peerURL}
+	cfg.AdvertisePeerUrls = []url.URL{peerURL}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	cfg.LogLevel = "warn"
+	cfg.LogOutputs = []string{filepath.Join(dir, serveLogName)}
+
+	srv, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return fmt.Errorf("starting etcd: %w (log: %s)", err, filepath.Join(dir, serveLogName))
+	}
+	defer srv.Close()
+
+	timer := time.NewTimer(serveReadyTimeout)
+	defer timer.Stop()
+	select {
+	case <-srv.Server.ReadyNotify():
+	case err := <-srv.Err():
+		return fmt.Errorf("etcd: %w", err)
+	case <-timer.C:
+		return fmt.Errorf("etcd not ready after %v (log: %s)", serveReadyTimeout, filepath.Join(dir, serveLogName))
+	case <-ctx.Done():
+		return nil
+	}
+
+	dlockURL := "etcd://" + clientURL.Host
+	fmt.Fprintf(stdout, "%s\n", dlockURL)
+	fmt.Fprintf(stdout, "# a single-member etcd, data in %s; stop it with ^C\n", dir)
+	fmt.Fprintf(stdout, "export DLOCK_URL=%s\n", dlockURL)
+
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-srv.Err():
+		return fmt.Errorf("etcd: %w", err)
+	case <-srv.Server.StopNotify():
+		return errors.New("etcd stopped")
+	}
+}

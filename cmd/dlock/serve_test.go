@@ -1,0 +1,235 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+)
+
+// buildServeBinary builds the dlock command into a temporary directory.
+func buildServeBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "dlock")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// freeLoopbackAddr returns a 127.0.0.1 address whose port was free a
+// moment ago.
+func freeLoopbackAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// servedProcess is a running `dlock serve`.
+type servedProcess struct {
+	cmd    *exec.Cmd
+	url    string
+	stdout []string // the lines printed once ready
+	stderr *bytes.Buffer
+	done   chan error // the result of cmd.Wait
+}
+
+// startServe starts `dlock serve` and waits for the URL it prints when
+// ready.
+func startServe(t *testing.T, bin, dir, addr string) *servedProcess {
+	t.Helper()
+	p := &servedProcess{stderr: new(bytes.Buffer), done: make(chan error, 1)}
+	p.cmd = exec.Command(bin, "serve", "--data", dir, "--listen", addr)
+	p.cmd.Stderr = p.stderr
+	stdout, err := p.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// One goroutine reads the output, then waits for the process (Wait
+	// must come after the reads from its pipe).
+	ready := make(chan []string, 1)
+	go func() {
+		var got []string
+		sc := bufio.NewScanner(stdout)
+		for len(got) < 3 && sc.Scan() {
+			got = append(got, sc.Text())
+		}
+		ready <- got
+		_, _ = io.Copy(io.Discard, stdout)
+		p.done <- p.cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		select {
+		case err := <-p.done:
+			p.done <- err
+		default:
+			_ = p.cmd.Process.Kill()
+			p.done <- <-p.done
+		}
+	})
+	select {
+	case p.stdout = <-ready:
+	case <-time.After(90 * time.Second):
+		t.Fatalf("dlock serve printed no URL within 90s; stderr:\n%s", p.stderr)
+	}
+	if len(p.stdout) < 3 {
+		t.Fatalf("dlock serve printed %q, want the URL and two more lines; stderr:\n%s", p.stdout, p.stderr)
+	}
+	p.url = p.stdout[0]
+	return p
+}
+
+// interrupt sends SIGINT and returns the exit status.
+func (p *servedProcess) interrupt(t *testing.T) int {
+	t.Helper()
+	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-p.done:
+		p.done <- err
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatalf("dlock serve: %v", err)
+		}
+		return 0
+	case <-time.After(60 * time.Second):
+		t.Fatalf("dlock serve did not stop within 60s of SIGINT; stderr:\n%s", p.stderr)
+		return -1
+	}
+}
+
+// acquireToken opens url, acquires key and releases it, and returns the
+// token it was granted.
+func acquireToken(t *testing.T, url, key string) dlock.Token {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := dlock.Open(ctx, url)
+	if err != nil {
+		t.Fatalf("dlock.Open(%q): %v", url, err)
+	}
+	defer l.Close()
+	le, err := l.Acquire(ctx, key, nil)
+	if err != nil {
+		t.Fatalf("Acquire %q on %s: %v", key, url, err)
+	}
+	tok := le.Token()
+	if err := le.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	return tok
+}
+
+// TestServeRestartKeepsTokens: dlock serve (the binary) exits with status 2
+// on a bad flag; it serves an etcd that dlock.Open accepts, stops with
+// status 0 on SIGINT, and, restarted on the same data directory (and
+// address), grants larger tokens than before; it stops on SIGTERM too.
+func TestServeRestartKeepsTokens(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and starts etcd twice")
+	}
+	bin := buildServeBinary(t)
+	out, err := exec.Command(bin, "serve", "--no-such-flag").CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitUsage {
+		t.Fatalf("dlock serve --no-such-flag: %v, want exit status 2; output:\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "usage: dlock serve") {
+		t.Errorf("dlock serve --no-such-flag: output %q lacks the usage", out)
+	}
+
+	dir := t.TempDir()
+	addr := freeLoopbackAddr(t)
+
+	p := startServe(t, bin, dir, addr)
+	if want := "etcd://" + addr; p.url != want {
+		t.Fatalf("first line %q, want %q", p.url, want)
+	}
+	if want := "export DLOCK_URL=etcd://" + addr; !strings.Contains(strings.Join(p.stdout, "\n"), want) {
+		t.Errorf("output %q lacks %q", p.stdout, want)
+	}
+	t1 := acquireToken(t, p.url, "serve-test")
+	if t1 == 0 {
+		t.Fatalf("token 0 from the first server")
+	}
+	if code := p.interrupt(t); code != 0 {
+		t.Fatalf("exit status %d after SIGINT, want 0; stderr:\n%s", code, p.stderr)
+	}
+	if p.stderr.Len() > 0 {
+		t.Errorf("stderr of a clean run: %s", p.stderr)
+	}
+
+	p2 := startServe(t, bin, dir, addr)
+	t2 := acquireToken(t, p2.url, "serve-test")
+	if t2 <= t1 {
+		t.Errorf("token %d after the restart, want more than %d (before)", t2, t1)
+	}
+	if err := p2.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-p2.done:
+		p2.done <- err
+		if err != nil {
+			t.Fatalf("after SIGTERM: %v, want exit status 0; stderr:\n%s", err, p2.stderr)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("dlock serve did not stop within 60s of SIGTERM")
+	}
+	t.Logf("tokens %d, then %d after the restart", t1, t2)
+}
+
+// TestServeUsage: bad flags and non-loopback addresses are usage errors
+// (status 2) before anything starts; -h prints the usage (status 0).
+func TestServeUsage(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--bogus"}, exitUsage, "flag provided but not defined: -bogus"},
+		{[]string{"--listen", "0.0.0.0:2379"}, exitUsage, "dlock serve: --listen 0.0.0.0:2379: not a loopback address"},
+		{[]string{"--listen", "192.0.2.1:2379"}, exitUsage, "not a loopback address"},
+		{[]string{"--listen", "127.0.0.1"}, exitUsage, "missing port"},
+		{[]string{"--listen", "127.0.0.1:0"}, exitUsage, "want a port from 1 to 65535"},
+		{[]string{"--data", dir, "extra"}, exitUsage, `dlock serve: unexpected argument "extra"`},
+		{[]string{"-h"}, exitOK, "usage: dlock serve [--data DIR] [--listen 127.0.0.1:2379]"},
+	} {
+		var stdout, stderr bytes.Buffer
+		e := &env{stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }}
+		code := dispatch(context.Background(), e, append([]string{"serve"}, tc.args...))
+		if code != tc.code {
+			t.Errorf("dlock serve %q: status %d, want %d; stderr: %s", tc.args, code, tc.code, &stderr)
+		}
+		if out := stdout.String() + stderr.String(); !strings.Contains(out, tc.want) {
+			t.Errorf("dlock serve %q: output %q lacks %q", tc.args, out, tc.want)
+		}
+	}
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 0 {
+		t.Errorf("data directory after usage errors: %v, %v; want it untouched", entries, err)
+	}
+}
