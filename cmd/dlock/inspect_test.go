@@ -1,0 +1,206 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance/servers"
+)
+
+var (
+	inspectBinOnce sync.Once
+	inspectBin     string
+	inspectBinErr  error
+)
+
+// dlockBinary builds the command once per test process.
+func dlockBinary(t *testing.T) string {
+	t.Helper()
+	inspectBinOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "dlock-inspect-test")
+		if err != nil {
+			inspectBinErr = err
+			return
+		}
+		inspectBin = filepath.Join(dir, "dlock")
+		if out, err := exec.Command("go", "build", "-o", inspectBin, ".").CombinedOutput(); err != nil {
+			inspectBinErr = errors.New("go build: " + err.Error() + "\n" + string(out))
+		}
+	})
+	if inspectBinErr != nil {
+		t.Fatal(inspectBinErr)
+	}
+	return inspectBin
+}
+
+// runInspect runs the built dlock with args (and the extra environment
+// variables env) and returns its standard output, standard error and exit
+// status.
+func runInspect(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, dlockBinary(t), args...)
+	cmd.Env = append(os.Environ(), env...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	default:
+		t.Fatalf("dlock %q: %v", args, err)
+	}
+	return o.String(), e.String(), code
+}
+
+func openTest(t *testing.T, url string) *dlock.Locker {
+	t.Helper()
+	l, err := dlock.Open(t.Context(), url)
+	if err != nil {
+		t.Fatalf("Open(%s): %v", url, err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+func TestInspectCommandRedis(t *testing.T) {
+	url := "redis://" + servers.Redis(t, 1)[0].Addr()
+	l := openTest(t, url)
+	key := "orders/" + t.Name()
+	// Free, with the URL as the first argument (as the issue writes it).
+	out, errOut, code := runInspect(t, nil, "inspect", url, key)
+	if code != 0 || out != "KEY "+key+" free\n" {
+		t.Errorf("dlock inspect URL KEY (free) = %q, status %d (stderr %q), want %q, 0", out, code, errOut, "KEY "+key+" free\n")
+	}
+	le, err := l.TryAcquire(t.Context(), key, &dlock.AcquireOptions{TTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer le.Release(context.WithoutCancel(t.Context()))
+	// Held, the URL from $DLOCK_URL.
+	out, errOut, code = runInspect(t, []string{"DLOCK_URL=" + url}, "inspect", key)
+	want := regexp.MustCompile(`^KEY ` + regexp.QuoteMeta(key) + ` held by token ` + strconv.FormatUint(uint64(le.Token()), 10) + `, [0-9.]+s left\n$`)
+	if code != 0 || !want.MatchString(out) {
+		t.Errorf("dlock inspect KEY (held) = %q, status %d (stderr %q), want a match for %s, 0", out, code, errOut, want)
+	}
+	// --json, the URL from --url.
+	out, errOut, code = runInspect(t, nil, "inspect", "--json", "--url", url, key)
+	var got struct {
+		Key     string   `json:"key"`
+		Held    bool     `json:"held"`
+		Token   *uint64  `json:"token"`
+		TTL     *float64 `json:"ttl_seconds"`
+		Waiters *int     `json:"waiters"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil || code != 0 {
+		t.Fatalf("dlock inspect --json = %q, status %d (stderr %q): %v", out, code, errOut, err)
+	}
+	if got.Key != key || !got.Held || got.Token == nil || *got.Token != uint64(le.Token()) ||
+		got.TTL == nil || *got.TTL <= 0 || *got.TTL > 30 || got.Waiters != nil {
+		t.Errorf("dlock inspect --json = %s, want key %q held by token %d, ttl_seconds in (0, 30], waiters null", out, key, le.Token())
+	}
+	// The lock is untouched.
+	if err := le.Refresh(t.Context(), 30*time.Second); err != nil {
+		t.Errorf("Refresh after inspect: %v", err)
+	}
+}
+
+func TestInspectCommandEtcdWaiter(t *testing.T) {
+	url := "etcd://" + strings.Join(servers.Etcd(t, 1).Endpoints(), ",")
+	holder, waiter := openTest(t, url), openTest(t, url)
+	key := "orders/" + t.Name()
+	le, err := holder.TryAcquire(t.Context(), key, &dlock.AcquireOptions{TTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer le.Release(context.WithoutCancel(t.Context()))
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		wl, err := waiter.Acquire(ctx, key, nil)
+		if err == nil {
+			_ = wl.Release(context.WithoutCancel(ctx))
+			err = errors.New("granted while held")
+		}
+		done <- err
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Errorf("waiter: %v, want ErrNotAcquired", err)
+		}
+	}()
+	want := regexp.MustCompile(`^KEY ` + regexp.QuoteMeta(key) + ` held by token ` + strconv.FormatUint(uint64(le.Token()), 10) + `, [0-9.]+s left, 1 waiter\n$`)
+	var out, errOut string
+	var code int
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if out, errOut, code = runInspect(t, nil, "inspect", url, key); code != 0 || want.MatchString(out) {
+			break
+		}
+	}
+	if code != 0 || !want.MatchString(out) {
+		t.Errorf("dlock inspect (held, one waiter) = %q, status %d (stderr %q), want a match for %s, 0", out, code, errOut, want)
+	}
+}
+
+func TestInspectCommandErrors(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		args []string
+		code int
+		msg  string
+	}{
+		{"no key", []string{"inspect", "--url", "mem://"}, 2, "dlock inspect: missing KEY"},
+		{"no url", []string{"inspect", "k"}, 2, "dlock inspect: no backend"},
+		{"url twice", []string{"inspect", "--url", "mem://", "mem://", "k"}, 2, "both in --url and as an argument"},
+		{"too many", []string{"inspect", "mem://", "k", "extra"}, 2, "too many arguments"},
+		{"bad key", []string{"inspect", "mem://", ""}, 2, "invalid key"},
+		{"bad flag", []string{"inspect", "--no-such-flag", "k"}, 2, "flag provided but not defined"},
+		{"unreachable", []string{"inspect", "--timeout", "3s", "redis://127.0.0.1:1", "k"}, 1, "dlock inspect: opening redis://127.0.0.1:1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out, errOut, code := runInspect(t, []string{"DLOCK_URL="}, c.args...)
+			if code != c.code || out != "" || !strings.Contains(errOut, c.msg) {
+				t.Errorf("dlock %q: status %d, stdout %q, stderr %q; want status %d, no output, %q on stderr", c.args, code, out, errOut, c.code, c.msg)
+			}
+		})
+	}
+	out, _, code := runInspect(t, nil, "inspect", "-h")
+	if code != 0 || !strings.HasPrefix(out, "usage: dlock inspect [flags] [URL] KEY\n") || !strings.Contains(out, "-json") {
+		t.Errorf("dlock inspect -h: status %d, stdout %q", code, out)
+	}
+}
+
+func TestDescribe(t *testing.T) {
+	for _, c := range []struct {
+		info dlock.LockInfo
+		want string
+	}{
+		{dlock.LockInfo{Waiters: -1}, "KEY k free"},
+		{dlock.LockInfo{Held: true, Token: 1234, TTL: 12345 * time.Millisecond, Waiters: 2}, "KEY k held by token 1234, 12.3s left, 2 waiters"},
+		{dlock.LockInfo{Held: true, Token: 7, Waiters: 0}, "KEY k held by token 7, 0 waiters"},
+		{dlock.LockInfo{Held: true, TTL: time.Second, Waiters: -1}, "KEY k held, 1s left"},
+	} {
+		if got := describe("k", c.info); got != c.want {
+			t.Errorf("describe(%+v) = %q, want %q", c.info, got, c.want)
+		}
+	}
+	if got := describe("a b", dlock.LockInfo{}); got != `KEY "a b" free` {
+		t.Errorf("describe of a key with a space = %q", got)
+	}
+}
