@@ -12,9 +12,11 @@ var _ backend.Inspector = (*Driver)(nil)
 // Inspect implements backend.Inspector: it reads the lock key's existence
 // and PTTL and the key's fencing counter in one MULTI/EXEC, writing
 // nothing. The token is the counter, which holds the token of the last
-// grant (the holder's) — 0 if the counter was lost (a restart or failover
-// that lost it while the lock key survived). Waiters is -1: Redis keeps no
-// queue (a waiter only marks the lock as waited for).
+// grant (the holder's) — 0 if the counter is gone while the lock key is
+// there: lost (a restart or failover that lost it but not the lock key), or
+// expired (FenceRetention after the grant's TTL, under a lock refreshed for
+// longer than that). Waiters is -1: Redis keeps no queue (a waiter only
+// marks the lock as waited for).
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
 	s, err := redisscript.Inspect(ctx, d.client, d.lockKey(key))
 	if err != nil {
