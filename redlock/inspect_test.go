@@ -2,6 +2,9 @@ package redlock_test
 
 import (
 	"context"
+	"errors"
+	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -60,6 +63,55 @@ func TestInspectMajority(t *testing.T) {
 	keys, err := l.Keys(ctx, 1000)
 	if err != nil || !contains(keys, key) {
 		t.Errorf("Keys = %q, %v; want %q among them", keys, err, key)
+	}
+}
+
+// TestInspectNodesDown: with two of five nodes down, Inspect answers only
+// when the three that answer settle it.
+func TestInspectNodesDown(t *testing.T) {
+	live := addrs(servers.Redis(t, 3))
+	admin := clients(t, live)
+	// Two addresses where nothing listens.
+	var down []string
+	for range 2 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		down = append(down, ln.Addr().String())
+		_ = ln.Close()
+	}
+	h := &harness{tb: t, addrs: append(slices.Clone(live), down...), admin: admin}
+	t.Cleanup(h.Close)
+	l, err := h.NewLocker(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := t.Context()
+	key := uniqueKey(t)
+	if info, err := l.Inspect(ctx, key); err != nil || info.Held {
+		t.Errorf("Inspect (free on the 3 live nodes) = %+v, %v; want free", info, err)
+	}
+	for i := range 2 {
+		if err := admin[i].Set(ctx, lockKey(key), "v", 30*time.Second).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if info, err := l.Inspect(ctx, key); !errors.Is(err, dlock.ErrUnavailable) {
+		t.Errorf("Inspect (held on 2 live nodes, 2 down) = %+v, %v; want ErrUnavailable", info, err)
+	}
+	if err := admin[2].Set(ctx, lockKey(key), "v", 30*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := l.Inspect(ctx, key); err != nil || !info.Held {
+		t.Errorf("Inspect (held on 3 live nodes) = %+v, %v; want held", info, err)
+	}
+	if keys, err := l.Keys(ctx, 1000); !errors.Is(err, dlock.ErrUnavailable) {
+		t.Errorf("Keys with 2 nodes down = %q, %v; want ErrUnavailable", keys, err)
+	}
+	if keys, err := l.Keys(ctx, 1); err != nil || len(keys) != 1 {
+		t.Errorf("Keys(1) with 2 nodes down = %q, %v; want a key found on the live nodes", keys, err)
 	}
 }
 
