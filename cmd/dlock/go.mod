@@ -19,6 +19,7 @@ replace github.com/dlock-go/dlock/fence => ../../fence
 require (
 	github.com/dlock-go/dlock v0.1.0
 	github.com/dlock-go/dlock/etcd v0.1.0
+	github.com/dlock-go/dlock/fence v0.1.0
 	github.com/dlock-go/dlock/redis v0.1.0
 	github.com/dlock-go/dlock/redlock v0.1.0
 	github.com/dlock-go/dlock/zookeeper v0.1.0

@@ -1,0 +1,263 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/url"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance/servers"
+)
+
+// runCompareBin runs the built dlock with args and returns its standard
+// output, standard error, exit status and the time it took.
+func runCompareBin(t *testing.T, args ...string) (stdout, stderr string, code int, took time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, dlockBinary(t), args...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	start := time.Now()
+	err := cmd.Run()
+	took = time.Since(start)
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	default:
+		t.Fatalf("dlock %s: %v", strings.Join(args, " "), err)
+	}
+	return o.String(), e.String(), code, took
+}
+
+// compareHold takes a lock on key on url (its own prefix) and returns the
+// lease, to show that compare leaves it alone.
+func compareHold(t *testing.T, url, key string) *dlock.Lease {
+	t.Helper()
+	l, err := dlock.Open(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	le, err := l.Acquire(t.Context(), key, &dlock.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return le
+}
+
+// compareStillHeld checks that le, taken before a compare run, is held as it
+// was: not lost, and the backend still reports its token.
+func compareStillHeld(t *testing.T, url string, le *dlock.Lease) {
+	t.Helper()
+	select {
+	case <-le.Done():
+		t.Errorf("%s: the lease on %q taken before compare was lost: %v", url, le.Key(), le.Err())
+		return
+	default:
+	}
+	l, err := dlock.Open(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	info, err := l.Inspect(t.Context(), le.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Held || info.Token != 0 && dlock.Token(info.Token) != le.Token() {
+		t.Errorf("%s: %q after compare: %+v, want held with token %d", url, le.Key(), info, le.Token())
+	}
+}
+
+// The workload against Redis and etcd in one run, as JSON: a row
+// per URL with sane figures, the pause's late write rejected, no mutual
+// exclusion violation, the user's own lock (on the URL's prefix, on the
+// key compare uses) untouched, and the run bounded by --duration.
+func TestCompareJSON(t *testing.T) {
+	redisURL := "redis://" + servers.Redis(t, 1)[0].Addr()
+	etcdURL := "etcd://" + strings.Join(servers.Etcd(t, 1).Endpoints(), ",")
+	urls := []string{redisURL, etcdURL}
+	mine := []*dlock.Lease{compareHold(t, redisURL, "contended"), compareHold(t, etcdURL, "contended")}
+
+	const duration = 12 * time.Second
+	out, errOut, code, took := runCompareBin(t, append([]string{"compare", "--json", "--duration", duration.String()}, urls...)...)
+	if code != 0 {
+		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if errOut != "" {
+		t.Errorf("standard error is not a terminal, yet compare wrote to it:\n%s", errOut)
+	}
+	// Bounded: the phases take --duration in all; opening and closing
+	// the backends (well under a second each here) come on top.
+	if took > duration+20*time.Second {
+		t.Errorf("compare --duration %v took %v", duration, took)
+	}
+	var rep cmpReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("--json output does not parse: %v\n%s", err, out)
+	}
+	if rep.Prefix != "dlock-compare" || rep.Duration != duration.String() {
+		t.Errorf("prefix %q, duration %q", rep.Prefix, rep.Duration)
+	}
+	if len(rep.Backends) != len(urls) {
+		t.Fatalf("%d backends in the report, want %d:\n%s", len(rep.Backends), len(urls), out)
+	}
+	wantFencing := map[string]string{redisURL: "best-effort", etcdURL: "consensus"}
+	for i, r := range rep.Backends {
+		if r.URL != urls[i] {
+			t.Errorf("row %d is %q, want %q", i, r.URL, urls[i])
+		}
+		if r.Guarantees.Fencing != wantFencing[urls[i]] {
+			t.Errorf("%s: fencing %q, want %q", r.URL, r.Guarantees.Fencing, wantFencing[urls[i]])
+		}
+		if len(r.Errors) > 0 {
+			t.Errorf("%s: errors %q", r.URL, r.Errors)
+		}
+		for _, tp := range []cmpThroughput{r.Single, r.Many} {
+			if tp.Cycles <= 0 || tp.PerSecond <= 0 || tp.Seconds <= 0 {
+				t.Errorf("%s: uncontended, %d workers: %+v, want cycles done", r.URL, tp.Workers, tp)
+			}
+		}
+		if r.Single.Workers != 1 || r.Many.Workers != 16 {
+			t.Errorf("%s: workers %d and %d, want 1 and 16", r.URL, r.Single.Workers, r.Many.Workers)
+		}
+		c := r.Contended
+		sum := 0
+		for _, n := range c.PerWorker {
+			sum += n
+		}
+		if c.Workers != cmpContendedWorkers || len(c.PerWorker) != c.Workers || sum != c.Acquisitions || c.Acquisitions < c.Workers {
+			t.Errorf("%s: contended %+v: want %d workers whose acquisitions add up", r.URL, c, cmpContendedWorkers)
+		}
+		if c.WaitP50ms < 0 || c.WaitP99ms < c.WaitP50ms {
+			t.Errorf("%s: wait p50 %vms, p99 %vms", r.URL, c.WaitP50ms, c.WaitP99ms)
+		}
+		if c.Spread != nil && *c.Spread < 1 {
+			t.Errorf("%s: spread %v < 1", r.URL, *c.Spread)
+		}
+		if c.Violations != 0 || c.LeasesChecked <= 0 || c.LeasesChecked > min(c.Acquisitions, cmpHistoryCap) {
+			t.Errorf("%s: mutual exclusion: %d violations (%q) in %d leases checked of %d", r.URL, c.Violations, c.ViolationDetail, c.LeasesChecked, c.Acquisitions)
+		}
+		p := r.Pause
+		if p.Skipped != "" || p.LateWriteRejected == nil || !*p.LateWriteRejected || p.NextTokenLarger == nil || !*p.NextTokenLarger ||
+			p.NextToken <= p.PausedToken || p.PausedToken == 0 {
+			t.Errorf("%s: pause %+v, want the late write rejected and a larger next token", r.URL, p)
+		}
+	}
+	for i, le := range mine {
+		compareStillHeld(t, urls[i], le)
+	}
+}
+
+// The table: a header and a row per URL, in order, with the declared
+// guarantees; a short --duration skips etcd's pause (its TTL is at least
+// 1s) and says so.
+func TestCompareTable(t *testing.T) {
+	redisURL := "redis://" + servers.Redis(t, 1)[0].Addr()
+	etcdURL := "etcd://" + strings.Join(servers.Etcd(t, 1).Endpoints(), ",")
+	out, errOut, code, _ := runCompareBin(t, "compare", "--duration", "3s", "--prefix", "dlock-compare-table", redisURL, etcdURL, "mem://")
+	if code != 0 {
+		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	lines := strings.Split(out, "\n")
+	if !strings.HasPrefix(lines[0], "BACKEND ") || !strings.Contains(lines[0], "MUTUAL EXCLUSION") {
+		t.Fatalf("no header:\n%s", out)
+	}
+	for i, want := range []struct{ url, fencing, clock string }{
+		{redisURL, "best-effort", "yes"}, {etcdURL, "consensus", "no"}, {"mem://", "consensus", "no"},
+	} {
+		f := strings.Fields(lines[1+i])
+		if len(f) < 13 || f[0] != want.url || f[1] != want.fencing || f[2] != want.clock {
+			t.Errorf("row %d: %q, want %s %s %s ...", i+1, lines[1+i], want.url, want.fencing, want.clock)
+			continue
+		}
+		if f[len(f)-3] != "ok" || !strings.Contains(lines[1+i], "leases)") {
+			t.Errorf("row %d: mutual exclusion not ok: %q", i+1, lines[1+i])
+		}
+	}
+	if !strings.Contains(out, etcdURL+": pause skipped: needs --duration") {
+		t.Errorf("no note on etcd's skipped pause:\n%s", out)
+	}
+}
+
+// A key space with a lock in it is refused, naming the key, and the lock
+// is left alone.
+func TestCompareRefusesNonEmptyKeySpace(t *testing.T) {
+	redisAddr := servers.Redis(t, 1)[0].Addr()
+	etcdURL := "etcd://" + strings.Join(servers.Etcd(t, 1).Endpoints(), ",")
+	for _, tc := range []struct{ url, userURL string }{
+		{"redis://" + redisAddr, "redis://" + redisAddr + "?prefix=busy:"},
+		{etcdURL, etcdURL + "/busy"},
+	} {
+		le := compareHold(t, tc.userURL, "orders/42")
+		out, errOut, code, _ := runCompareBin(t, "compare", "--duration", "2s", "--prefix", "busy", "mem://", tc.url)
+		if code != 1 {
+			t.Errorf("%s: exit status %d, want 1\nstdout:\n%s\nstderr:\n%s", tc.url, code, out, errOut)
+		}
+		if out != "" || !strings.Contains(errOut, "refusing to run") || !strings.Contains(errOut, "orders/42") || !strings.Contains(errOut, `"busy"`) {
+			t.Errorf("%s: want a refusal naming the key and the prefix on stderr only; stdout:\n%s\nstderr:\n%s", tc.url, out, errOut)
+		}
+		compareStillHeld(t, tc.userURL, le)
+	}
+}
+
+func TestCompareUsage(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no URL", nil, exitUsage, "dlock compare: no backend URL"},
+		{"zero duration", []string{"--duration", "0s", "mem://"}, exitUsage, "--duration must be positive"},
+		{"empty prefix", []string{"--prefix", "/", "mem://"}, exitUsage, "--prefix must not be empty"},
+		{"not a URL", []string{"redis://%zz"}, exitUsage, "bad URL"},
+		{"unknown scheme", []string{"foo://x"}, exitUsage, "cannot put the keys of a foo:// backend under --prefix"},
+		{"bad flag", []string{"--no-such-flag", "mem://"}, exitUsage, "flag provided but not defined"},
+		{"help", []string{"-h"}, exitOK, "usage: dlock compare [flags] URL [URL...]"},
+		{"unreachable", []string{"redis://127.0.0.1:1?dial_timeout=1s"}, exitFailure, "dlock compare: redis://127.0.0.1:1?dial_timeout=1s: "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var o, e bytes.Buffer
+			code := dispatch(t.Context(), &env{stdout: &o, stderr: &e, getenv: func(string) string { return "" }}, append([]string{"compare"}, tc.args...))
+			got, other := e.String(), o.String()
+			if tc.code == exitOK {
+				got, other = other, got
+			}
+			if code != tc.code || !strings.Contains(got, tc.want) {
+				t.Errorf("status %d, want %d; output %q, want it to contain %q", code, tc.code, got, tc.want)
+			}
+			if other != "" {
+				t.Errorf("output on the other stream: %q", other)
+			}
+		})
+	}
+}
+
+func TestCompareUnderPrefix(t *testing.T) {
+	for in, want := range map[string]string{
+		"redis://:pw@h:6379/2?ttl=5s&prefix=app:": "redis://:pw@h:6379/2?prefix=p%3A&ttl=5s",
+		"redlock://a:1,b:2,c:3":                   "redlock://a:1,b:2,c:3?prefix=p%3A",
+		"etcd://h:2379/locks?ttl=15s":             "etcd://h:2379/p?ttl=15s",
+		"zk://h:2181":                             "zk://h:2181/p",
+		"mem://x":                                 "mem://x",
+	} {
+		u, err := url.Parse(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := cmpUnderPrefix(u, "p")
+		if err != nil || got.String() != want {
+			t.Errorf("%s: %v, %v; want %s", in, got, err, want)
+		}
+	}
+}
