@@ -385,3 +385,25 @@ func TestRunUsage(t *testing.T) {
 		t.Errorf("run -h: status %d, stdout %q", code, stdout)
 	}
 }
+
+// TestRunPurpose: --purpose opens the URL of $DLOCK_CORRECTNESS_URL or
+// $DLOCK_EFFICIENCY_URL, not $DLOCK_URL.
+func TestRunPurpose(t *testing.T) {
+	env := []string{
+		"DLOCK_URL=nosuch://not-this-one",
+		"DLOCK_CORRECTNESS_URL=" + runEtcdURL(t),
+		"DLOCK_EFFICIENCY_URL=" + runRedisURL(t),
+	}
+	for _, p := range []string{"correctness", "efficiency"} {
+		t.Run(p, func(t *testing.T) {
+			key := runKey(t)
+			stdout, stderr, code := runDlock(t, env, "", "run", "--purpose", p, key, "--", "sh", "-c", `echo "$DLOCK_TOKEN"`)
+			if code != 0 {
+				t.Fatalf("exit status %d; stderr:\n%s", code, stderr)
+			}
+			if tok, err := strconv.ParseUint(strings.TrimSpace(stdout), 10, 64); err != nil || tok == 0 {
+				t.Errorf("DLOCK_TOKEN=%q", stdout)
+			}
+		})
+	}
+}
