@@ -407,3 +407,70 @@ func TestRunPurpose(t *testing.T) {
 		})
 	}
 }
+
+// runRedisSubscribers returns the number of subscribers of channel on the
+// Redis server at addr (PUBSUB NUMSUB).
+func runRedisSubscribers(t *testing.T, addr, channel string) int {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "*3\r\n$6\r\nPUBSUB\r\n$6\r\nNUMSUB\r\n$%d\r\n%s\r\n", len(channel), channel)
+	r := bufio.NewReader(c)
+	for { // *2, $len, the channel, :N
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(line, ":") {
+			n, err := strconv.Atoi(strings.TrimSpace(line[1:]))
+			if err != nil {
+				t.Fatalf("PUBSUB NUMSUB: %q", line)
+			}
+			return n
+		}
+	}
+}
+
+// TestRunSignalWhileWaiting: a SIGTERM to a dlock run that waits for the
+// lock ends the wait (exit 128+15); the command never runs and the holder
+// keeps its lock.
+func TestRunSignalWhileWaiting(t *testing.T) {
+	addr := servers.Redis(t, 1)[0].Addr()
+	url := "redis://" + addr
+	key := runKey(t)
+	l := openTest(t, url)
+	le, err := l.Acquire(t.Context(), key, &dlock.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer le.Release(context.Background())
+	f := filepath.Join(t.TempDir(), "ran")
+	p := startRun(t, nil, "", "run", "--url", url, "--wait", "0", key, "--", "touch", f)
+	// dlock waits once it has subscribed to the key's release channel.
+	deadline := time.Now().Add(30 * time.Second)
+	for runRedisSubscribers(t, addr, "dlock:{"+key+"}:released") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("dlock run is not waiting for the lock after 30s; stderr:\n%s", p.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t); code != 128+int(syscall.SIGTERM) {
+		t.Fatalf("exit status %d, want %d; stderr:\n%s", code, 128+int(syscall.SIGTERM), p.stderr.String())
+	}
+	if want := "dlock run: terminated while waiting for the lock\n"; p.stderr.String() != want {
+		t.Errorf("stderr %q, want %q", p.stderr.String(), want)
+	}
+	if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the command ran (stat: %v)", err)
+	}
+	if err := le.Err(); err != nil {
+		t.Errorf("the holder's lease: %v", err)
+	}
+}
