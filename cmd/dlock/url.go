@@ -43,8 +43,8 @@ func isUsage(err error) bool {
 // subcommand shares; pass their values to openLocker.
 func backendFlags(fs *flag.FlagSet) (rawURL, purpose *string) {
 	rawURL = fs.String("url", "", "the backend's `URL`, as in dlock.Open (default $"+envURL+")")
-	purpose = fs.String("purpose", "", "open the URL configured for this purpose, `correctness` or efficiency:\n"+
-		"$"+envCorrectness+" or $"+envEfficiency+" (instead of --url)")
+	purpose = fs.String("purpose", "", "instead of --url, open the URL configured for `P`: correctness ($"+envCorrectness+")\n"+
+		"or efficiency ($"+envEfficiency+"), refused if the backend cannot serve it")
 	return rawURL, purpose
 }
 
