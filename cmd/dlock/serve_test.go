@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,17 +16,6 @@ import (
 
 	"github.com/dlock-go/dlock"
 )
-
-// buildServeBinary builds the dlock command into a temporary directory.
-func buildServeBinary(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "dlock")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
 
 // freeLoopbackAddr returns a 127.0.0.1 address whose port was free a
 // moment ago.
@@ -151,7 +139,7 @@ func TestServeRestartKeepsTokens(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and starts etcd twice")
 	}
-	bin := buildServeBinary(t)
+	bin := dlockBinary(t)
 	out, err := exec.Command(bin, "serve", "--no-such-flag").CombinedOutput()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != exitUsage {
