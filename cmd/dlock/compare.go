@@ -28,12 +28,15 @@ func init() {
 	register(&command{name: "compare", short: "run one workload against each backend and print a table", run: runCompare})
 }
 
-const compareUsage = `usage: dlock compare [flags] URL [URL...]
+const compareUsage = `usage: dlock compare [flags] [URL...]
 
 Compare runs one standard workload against each backend named by a URL
 (dlock.Open's URLs: redis://, redlock://, etcd://, zk://, mem://) and
 prints a table, one row per backend, with the guarantees the backend
-declares beside what was observed:
+declares beside what was observed. The backends are the URLs given, and
+--url; with none of those, $DLOCK_URL; --purpose adds the URL configured
+for that purpose ($DLOCK_CORRECTNESS_URL or $DLOCK_EFFICIENCY_URL), which
+is refused if the backend cannot serve it. The workload:
 
 	uncontended acquire/release cycles per second, with 1 and 16 workers
 	contended handoffs on one key (4 workers, each with its own Locker):
@@ -80,6 +83,7 @@ func runCompare(ctx context.Context, e *env, args []string) int {
 	duration := fs.Duration("duration", 10*time.Second, "total time of the workload, split across backends and phases")
 	prefix := fs.String("prefix", "dlock-compare", "key prefix for every key the workload uses")
 	asJSON := fs.Bool("json", false, "print the results as JSON")
+	rawURL, purpose := backendFlags(fs)
 	// The usage goes to standard output for -h, else (a bad flag, after
 	// the flag package's error) to standard error.
 	var help bytes.Buffer
@@ -101,9 +105,6 @@ func runCompare(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintf(e.stderr, "dlock compare: "+format+"\nRun 'dlock compare -h' for usage.\n", a...)
 		return exitUsage
 	}
-	if fs.NArg() == 0 {
-		return usageErr("no backend URL")
-	}
 	if *duration <= 0 {
 		return usageErr("--duration must be positive, got %v", *duration)
 	}
@@ -112,20 +113,44 @@ func runCompare(ctx context.Context, e *env, args []string) int {
 		return usageErr("--prefix must not be empty")
 	}
 	var targets []*cmpTarget
-	for _, raw := range fs.Args() {
+	add := func(raw, purpose string) int {
 		u, err := url.Parse(raw)
 		if err != nil || u.Scheme == "" {
-			return usageErr("bad URL %q: want scheme://...", raw)
+			return usageErr("bad URL %q: want scheme://...", redacted(raw))
 		}
 		ru, err := cmpUnderPrefix(u, p)
 		if err != nil {
 			return usageErr("%v", err)
 		}
-		name := raw
-		if _, ok := u.User.Password(); ok {
-			name = u.Redacted()
+		targets = append(targets, &cmpTarget{name: redacted(raw), url: ru, purpose: purpose})
+		return exitOK
+	}
+	raws := fs.Args()
+	if *rawURL != "" {
+		raws = append(raws, *rawURL)
+	}
+	if len(raws) == 0 && *purpose == "" && e.getenv(envURL) != "" {
+		raws = append(raws, e.getenv(envURL))
+	}
+	for _, raw := range raws {
+		if code := add(raw, ""); code != exitOK {
+			return code
 		}
-		targets = append(targets, &cmpTarget{name: name, url: ru})
+	}
+	if *purpose != "" {
+		name := map[string]string{string(dlock.Correctness): envCorrectness, string(dlock.Efficiency): envEfficiency}[*purpose]
+		switch {
+		case name == "":
+			return usageErr("--purpose %q: want %q or %q", *purpose, dlock.Correctness, dlock.Efficiency)
+		case e.getenv(name) == "":
+			return usageErr("--purpose %s: $%s is not set", *purpose, name)
+		}
+		if code := add(e.getenv(name), *purpose); code != exitOK {
+			return code
+		}
+	}
+	if len(targets) == 0 {
+		return usageErr("no backend: give URLs, --url URL, set $%s, or use --purpose", envURL)
 	}
 
 	// The workload cuts acquires short at each phase's end and releases
@@ -148,7 +173,10 @@ func runCompare(ctx context.Context, e *env, args []string) int {
 		pr.show("opening %s", t.name)
 		if err := t.open(ctx, e); err != nil {
 			pr.done()
-			fmt.Fprintf(e.stderr, "dlock compare: %s: %v\n", t.name, err)
+			fmt.Fprintf(e.stderr, "dlock compare: %v\n", err)
+			if isUsage(err) {
+				return exitUsage
+			}
 			return exitFailure
 		}
 		keys, err := t.keys(ctx)
@@ -173,7 +201,7 @@ func runCompare(ctx context.Context, e *env, args []string) int {
 	var results []*cmpResult
 	failed := false
 	for i, t := range targets {
-		r := t.run(ctx, per, func(phase string) {
+		r := t.run(ctx, per, len(targets), func(phase string) {
 			pr.show("[%d/%d] %s: %s", i+1, len(targets), t.name, phase)
 		})
 		results = append(results, r)
@@ -285,14 +313,28 @@ type cmpPause struct {
 
 // cmpTarget is one backend: the URL asked for and the Lockers on it.
 type cmpTarget struct {
-	name    string // the URL as given, password redacted
-	url     *url.URL
+	name    string          // the URL as given, password redacted
+	url     *url.URL        // the URL with the keys under --prefix
+	purpose string          // the purpose it is opened for ("" for none)
 	lockers []*dlock.Locker // [0] the main one, then one per contended worker
 }
 
 func (t *cmpTarget) open(ctx context.Context, e *env) error {
+	raw := t.url.String()
+	if t.purpose != "" {
+		// openLocker reads the purpose's URL from the environment: give it
+		// the one rewritten under --prefix.
+		inner, rewritten := e, raw
+		e = &env{stdin: inner.stdin, stdout: inner.stdout, stderr: inner.stderr, getenv: func(k string) string {
+			if k == envCorrectness || k == envEfficiency {
+				return rewritten
+			}
+			return inner.getenv(k)
+		}}
+		raw = ""
+	}
 	for range 1 + cmpContendedWorkers {
-		l, err := openLocker(ctx, e, t.url.String(), "")
+		l, err := openLocker(ctx, e, raw, t.purpose)
 		if err != nil {
 			return err
 		}
@@ -314,9 +356,9 @@ func (t *cmpTarget) keys(ctx context.Context) ([]string, error) {
 	return t.lockers[0].Keys(ctx, cmpKeysLimit)
 }
 
-// run runs the workload on t within about budget. phase is told of each
-// phase as it starts.
-func (t *cmpTarget) run(ctx context.Context, budget time.Duration, phase func(string)) *cmpResult {
+// run runs the workload on t within about budget (the --duration's share
+// of each of n backends). phase is told of each phase as it starts.
+func (t *cmpTarget) run(ctx context.Context, budget time.Duration, n int, phase func(string)) *cmpResult {
 	l := t.lockers[0]
 	g := l.Guarantees()
 	r := &cmpResult{URL: t.name, Guarantees: cmpGuarantees{
@@ -336,7 +378,7 @@ func (t *cmpTarget) run(ctx context.Context, budget time.Duration, phase func(st
 		r.Pause = cmpPauseScenario(ctx, l, t.lockers[1], ttl, pauseBudget, fail)
 	} else {
 		r.Pause.TTLSeconds = ttl.Seconds()
-		r.Pause.Skipped = fmt.Sprintf("needs --duration of at least %v per backend (the TTL is %v)", 9*ttl/4, ttl)
+		r.Pause.Skipped = fmt.Sprintf("needs --duration %v or more for %d backend(s) (the TTL is %v)", time.Duration(n)*9*ttl/4, n, ttl)
 	}
 	rest := max(budget-time.Since(start), 0)
 

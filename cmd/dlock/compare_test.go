@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/url"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -17,11 +18,12 @@ import (
 
 // runCompareBin runs the built dlock with args and returns its standard
 // output, standard error, exit status and the time it took.
-func runCompareBin(t *testing.T, args ...string) (stdout, stderr string, code int, took time.Duration) {
+func runCompareBin(t *testing.T, env []string, args ...string) (stdout, stderr string, code int, took time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, dlockBinary(t), args...)
+	cmd.Env = append(os.Environ(), env...)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
 	start := time.Now()
@@ -89,7 +91,7 @@ func TestCompareJSON(t *testing.T) {
 	mine := []*dlock.Lease{compareHold(t, redisURL, "contended"), compareHold(t, etcdURL, "contended")}
 
 	const duration = 12 * time.Second
-	out, errOut, code, took := runCompareBin(t, append([]string{"compare", "--json", "--duration", duration.String()}, urls...)...)
+	out, errOut, code, took := runCompareBin(t, nil, append([]string{"compare", "--json", "--duration", duration.String()}, urls...)...)
 	if code != 0 {
 		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
@@ -158,13 +160,14 @@ func TestCompareJSON(t *testing.T) {
 	}
 }
 
-// The table: a header and a row per URL, in order, with the declared
-// guarantees; a short --duration skips etcd's pause (its TTL is at least
-// 1s) and says so.
+// The table: a header and a row per backend, in order (the URLs given,
+// --url, then --purpose's), with the declared guarantees; a short
+// --duration skips etcd's pause (its TTL is at least 1s) and says so.
 func TestCompareTable(t *testing.T) {
 	redisURL := "redis://" + servers.Redis(t, 1)[0].Addr()
 	etcdURL := "etcd://" + strings.Join(servers.Etcd(t, 1).Endpoints(), ",")
-	out, errOut, code, _ := runCompareBin(t, "compare", "--duration", "3s", "--prefix", "dlock-compare-table", redisURL, etcdURL, "mem://")
+	out, errOut, code, _ := runCompareBin(t, []string{"DLOCK_EFFICIENCY_URL=" + redisURL},
+		"compare", "--duration", "3s", "--prefix", "dlock-compare-table", "--url", etcdURL, "--purpose", "efficiency", "mem://")
 	if code != 0 {
 		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
@@ -173,7 +176,7 @@ func TestCompareTable(t *testing.T) {
 		t.Fatalf("no header:\n%s", out)
 	}
 	for i, want := range []struct{ url, fencing, clock string }{
-		{redisURL, "best-effort", "yes"}, {etcdURL, "consensus", "no"}, {"mem://", "consensus", "no"},
+		{"mem://", "consensus", "no"}, {etcdURL, "consensus", "no"}, {redisURL, "best-effort", "yes"},
 	} {
 		f := strings.Fields(lines[1+i])
 		if len(f) < 13 || f[0] != want.url || f[1] != want.fencing || f[2] != want.clock {
@@ -199,7 +202,7 @@ func TestCompareRefusesNonEmptyKeySpace(t *testing.T) {
 		{etcdURL, etcdURL + "/busy"},
 	} {
 		le := compareHold(t, tc.userURL, "orders/42")
-		out, errOut, code, _ := runCompareBin(t, "compare", "--duration", "2s", "--prefix", "busy", "mem://", tc.url)
+		out, errOut, code, _ := runCompareBin(t, nil, "compare", "--duration", "2s", "--prefix", "busy", "mem://", tc.url)
 		if code != 1 {
 			t.Errorf("%s: exit status %d, want 1\nstdout:\n%s\nstderr:\n%s", tc.url, code, out, errOut)
 		}
@@ -214,21 +217,28 @@ func TestCompareUsage(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		args []string
+		env  map[string]string
 		code int
 		want string
 	}{
-		{"no URL", nil, exitUsage, "dlock compare: no backend URL"},
-		{"zero duration", []string{"--duration", "0s", "mem://"}, exitUsage, "--duration must be positive"},
-		{"empty prefix", []string{"--prefix", "/", "mem://"}, exitUsage, "--prefix must not be empty"},
-		{"not a URL", []string{"redis://%zz"}, exitUsage, "bad URL"},
-		{"unknown scheme", []string{"foo://x"}, exitUsage, "cannot put the keys of a foo:// backend under --prefix"},
-		{"bad flag", []string{"--no-such-flag", "mem://"}, exitUsage, "flag provided but not defined"},
-		{"help", []string{"-h"}, exitOK, "usage: dlock compare [flags] URL [URL...]"},
-		{"unreachable", []string{"redis://127.0.0.1:1?dial_timeout=1s"}, exitFailure, "dlock compare: redis://127.0.0.1:1?dial_timeout=1s: "},
+		{"no URL", nil, nil, exitUsage, "dlock compare: no backend: give URLs, --url URL, set $DLOCK_URL, or use --purpose"},
+		{"zero duration", []string{"--duration", "0s", "mem://"}, nil, exitUsage, "--duration must be positive"},
+		{"empty prefix", []string{"--prefix", "/", "mem://"}, nil, exitUsage, "--prefix must not be empty"},
+		{"not a URL", []string{"redis://%zz"}, nil, exitUsage, "bad URL"},
+		{"unknown scheme", []string{"foo://x"}, nil, exitUsage, "cannot put the keys of a foo:// backend under --prefix"},
+		{"bad flag", []string{"--no-such-flag", "mem://"}, nil, exitUsage, "flag provided but not defined"},
+		{"bad purpose", []string{"--purpose", "speed"}, nil, exitUsage, `--purpose "speed": want`},
+		{"purpose unset", []string{"--purpose", "correctness"}, nil, exitUsage, "--purpose correctness: $DLOCK_CORRECTNESS_URL is not set"},
+		{"help", []string{"-h"}, nil, exitOK, "usage: dlock compare [flags] [URL...]"},
+		{"unreachable", []string{"redis://127.0.0.1:1?dial_timeout=1s"}, nil, exitFailure,
+			"dlock compare: opening redis://127.0.0.1:1?dial_timeout=1s&prefix=dlock-compare%3A: "},
+		{"unreachable --url", []string{"--url", "redis://127.0.0.1:1?dial_timeout=1s"}, nil, exitFailure, "dlock compare: opening redis://127.0.0.1:1"},
+		{"unreachable $DLOCK_URL", nil, map[string]string{"DLOCK_URL": "redis://127.0.0.1:1?dial_timeout=1s"}, exitFailure, "dlock compare: opening redis://127.0.0.1:1"},
+		{"purpose refused", []string{"--purpose", "correctness"}, map[string]string{"DLOCK_CORRECTNESS_URL": "redis://127.0.0.1:1"}, exitFailure, "cannot serve purpose"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var o, e bytes.Buffer
-			code := dispatch(t.Context(), &env{stdout: &o, stderr: &e, getenv: func(string) string { return "" }}, append([]string{"compare"}, tc.args...))
+			code := dispatch(t.Context(), &env{stdout: &o, stderr: &e, getenv: func(k string) string { return tc.env[k] }}, append([]string{"compare"}, tc.args...))
 			got, other := e.String(), o.String()
 			if tc.code == exitOK {
 				got, other = other, got
