@@ -19,6 +19,11 @@
 #    the backend's own requirements), `go mod tidy`, `go build` of a main
 #    package importing the root and the backend, and checks that every
 #    dlock module in the build list is at VERSION.
+# 4. The command: cmd/dlock as released, resolved from the proxy, needs
+#    nothing but the dlock modules' go.sum lines (scripts/cmdtidy.sh), and
+#    `go install github.com/dlock-go/dlock/cmd/dlock@VERSION` (-mod=mod) in
+#    a fresh module cache works (it refuses a go.mod with replace
+#    directives), and the installed binary runs `dlock help`.
 # It fails if any step fails: e.g. a go.mod requiring another dlock module
 # at a version no proxy serves.
 #
@@ -44,6 +49,14 @@ done
 repo=$(cd "${1:-$here}" && git rev-parse --show-toplevel)
 root_mod=github.com/dlock-go/dlock
 
+# cleancaches: the scratch module caches (read-only files) removed.
+cleancaches() {
+	local c
+	for c in "$tmp/modcache" "$tmp"/install/*/modcache; do
+		[ -d "$c" ] && GOMODCACHE=$c go clean -modcache
+	done
+	return 0
+}
 if [ -n "$out" ]; then
 	mkdir -p "$out"
 	tmp=$(cd "$out" && pwd)
@@ -51,10 +64,10 @@ if [ -n "$out" ]; then
 		echo "scripts/proxycheck.sh: --out $out is not empty" >&2
 		exit 2
 	fi
-	cleanup() { [ -d "$tmp/modcache" ] && GOMODCACHE=$tmp/modcache go clean -modcache; rm -rf "$tmp/src" "$tmp/modcache"; }
+	cleanup() { cleancaches; rm -rf "$tmp/src" "$tmp/modcache" "$tmp/install"; }
 else
 	tmp=$(mktemp -d "${TMPDIR:-/tmp}/dlock-proxycheck.XXXXXX")
-	cleanup() { [ -d "$tmp/modcache" ] && GOMODCACHE=$tmp/modcache go clean -modcache; rm -rf "$tmp"; }
+	cleanup() { cleancaches; rm -rf "$tmp"; }
 fi
 trap cleanup EXIT
 
@@ -155,7 +168,52 @@ consumer() {
 	echo "ok $name: go get ${args[*]}; go mod tidy; go build ($(wc -l <"$dir/go.sum") go.sum lines)"
 }
 
+# goinstall PATH: `go install PATH@$version` in a fresh module cache, from
+# the proxy (as `go install github.com/dlock-go/dlock/cmd/dlock@latest` from
+# a clean cache), then `BINARY help`. go install refuses a module whose
+# go.mod has replace directives: the command's module must require the
+# other dlock modules at $version without them.
+goinstall() {
+	local path=$1 name=${1##*/}
+	[ -d "$src/${path#"$root_mod"/}" ] || { echo "-- go install $path: skipped (not in the checkout)"; return; }
+	local dir=$tmp/install/$name
+	mkdir -p "$dir/bin" "$dir/modcache"
+	if ! (cd "$dir" && GOMODCACHE=$dir/modcache GOBIN=$dir/bin GOFLAGS=-mod=mod \
+		go install "$path@$version" && "$dir/bin/$name" help >"$dir/help") >"$dir/log" 2>&1; then
+		cat "$dir/log" >&2
+		echo "FAIL go install $path@$version in a clean module cache (GOPROXY=$GOPROXY), then $name help" >&2
+		return 1
+	fi
+	echo "ok go install $path@$version (clean module cache); $name help: $(head -n 1 "$dir/help")"
+}
+
+# cmdtidy DIR: the command's module as released, resolved from the proxy
+# (GOWORK=off, no replace): go mod tidy would only add the go.sum lines of
+# the dlock modules (scripts/cmdtidy.sh, run by release.sh before they are
+# published, cannot know them; go install takes them from the checksum
+# database), nothing else: its requirements are complete and minimal.
+cmdtidy() {
+	local d=$src/$1 out bad
+	[ -f "$d/go.mod" ] || { echo "-- $1: skipped (not in the checkout)"; return; }
+	if ! out=$(cd "$d" && go mod tidy -diff 2>"$tmp/cmdtidy.err"); then
+		if [ -z "$out" ]; then
+			cat "$tmp/cmdtidy.err" >&2
+			echo "FAIL $1: go mod tidy -diff (GOPROXY=$GOPROXY, no replace)" >&2
+			return 1
+		fi
+	fi
+	bad=$(printf '%s\n' "$out" | grep -E '^[-+]' | grep -vE '^(\+\+\+|---) ' | grep -vE "^\+${root_mod//./\\.}(/[^ ]*)? " || true)
+	if [ -n "$bad" ]; then
+		printf '%s\n' "$out" >&2
+		echo "FAIL $1: released at $version, its go.mod/go.sum are not tidy once the dlock modules come from the proxy (above: more than their go.sum lines)" >&2
+		return 1
+	fi
+	echo "ok $1: tidy from the proxy at $version (go mod tidy would add only the dlock modules' $(printf '%s\n' "$out" | grep -c "^+$root_mod") go.sum lines)"
+}
+
 status=0
+cmdtidy cmd/dlock || status=1
+goinstall "$root_mod/cmd/dlock" || status=1
 consumer go-redis-alone github.com/redis/go-redis/v9 || status=1
 consumer etcd-client-alone go.etcd.io/etcd/client/v3 || status=1
 for b in redis etcd zookeeper redlock fence otel; do

@@ -15,8 +15,14 @@
 #      every go.mod of the checkout (bench, tests, the test servers and the
 #      demo included), to VERSION; the replace directives stay (a consumer
 #      ignores them; in the repository they make every module build from
-#      the checkout, with or without go.work);
-#   2. tidies each module on its own (GOWORK=off);
+#      the checkout, with or without go.work), except in the command's
+#      module, cmd/dlock, which has none: `go install
+#      github.com/dlock-go/dlock/cmd/dlock@VERSION` refuses a go.mod with
+#      replace directives (in the repository go.work makes it use the
+#      checkout);
+#   2. tidies each module on its own (GOWORK=off; cmd/dlock with
+#      scripts/cmdtidy.sh, against the checkout, since the other modules are
+#      not published at VERSION yet);
 #   3. prints the tags Go needs for a multi-module repository: VERSION for
 #      the root module and DIR/VERSION for the module in DIR
 #      (redis/v0.1.0, internal/redisx/v0.1.0, ...), all on one commit.
@@ -59,6 +65,12 @@ if $tag; then
 	fi
 fi
 
+# The modules of commands users install with `go install PATH@VERSION`,
+# which refuses a go.mod with replace directives: they require the other
+# dlock modules with none (in the repository go.work supplies the
+# checkout) and scripts/cmdtidy.sh tidies them.
+commands="cmd/dlock"
+
 # The module directories, root first ("." then e.g. "internal/redisx").
 dirs=$(find . -name go.mod -not -path './.git/*' -not -path '*/testdata/*' | sed 's|^\./||; s|/\?go\.mod$||' | sed 's|^$|.|' | sort)
 
@@ -79,6 +91,24 @@ directives() {
 tags=()
 for d in $dirs; do
 	reqs=$(directives "$d/go.mod" | sed -n 's/^require //p' | sort -u)
+	if [[ " $commands " == *" $d "* ]]; then
+		# A command's module: no replace directive (go install refuses
+		# them); tidied against the checkout by scripts/cmdtidy.sh.
+		if directives "$d/go.mod" | grep -q '^replace '; then
+			echo "scripts/release.sh: $d/go.mod has a replace directive for a dlock module: go install github.com/dlock-go/dlock/$d@$version would refuse it" >&2
+			exit 1
+		fi
+		for p in $reqs; do
+			go mod edit -require="$p@$version" "$d/go.mod"
+		done
+		if ! out=$("$here/scripts/cmdtidy.sh" "$d" 2>&1); then
+			echo "$out" >&2
+			echo "scripts/release.sh: scripts/cmdtidy.sh failed in $d" >&2
+			exit 1
+		fi
+		if [ "$d" = . ]; then tags+=("$version"); else tags+=("$d/$version"); fi
+		continue
+	fi
 	for p in $reqs; do
 		if ! directives "$d/go.mod" | grep -qx "replace $p"; then
 			echo "scripts/release.sh: $d/go.mod requires $p without a replace directive to its directory" >&2

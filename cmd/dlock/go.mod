@@ -2,20 +2,6 @@ module github.com/dlock-go/dlock/cmd/dlock
 
 go 1.26.0
 
-replace github.com/dlock-go/dlock => ../..
-
-replace github.com/dlock-go/dlock/internal/redisx => ../../internal/redisx
-
-replace github.com/dlock-go/dlock/redis => ../../redis
-
-replace github.com/dlock-go/dlock/redlock => ../../redlock
-
-replace github.com/dlock-go/dlock/etcd => ../../etcd
-
-replace github.com/dlock-go/dlock/zookeeper => ../../zookeeper
-
-replace github.com/dlock-go/dlock/fence => ../../fence
-
 require (
 	github.com/dlock-go/dlock v0.1.0
 	github.com/dlock-go/dlock/etcd v0.1.0
