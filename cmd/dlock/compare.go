@@ -11,11 +11,13 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -157,6 +159,12 @@ func runCompare(ctx context.Context, e *env, args []string) int {
 	// the paused holder's expired lease: the clients' warnings about those
 	// are expected, so only errors are logged (the Lockers take the
 	// default logger when they are opened).
+	// ^C (or SIGTERM) ends the run early: the phases stop, every lease is
+	// released (nothing is left held under the prefix to refuse the next
+	// run), and the figures so far are printed.
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
 	prevLog := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelError})))
 	defer slog.SetDefault(prevLog)
@@ -220,12 +228,16 @@ func runCompare(ctx context.Context, e *env, args []string) int {
 	} else {
 		cmpPrintTable(e.stdout, results)
 	}
-	if failed || ctx.Err() != nil {
-		for _, r := range results {
-			for _, msg := range r.Errors {
-				fmt.Fprintf(e.stderr, "dlock compare: %s: %s\n", r.URL, msg)
-			}
+	for _, r := range results {
+		for _, msg := range r.Errors {
+			fmt.Fprintf(e.stderr, "dlock compare: %s: %s\n", r.URL, msg)
 		}
+	}
+	if ctx.Err() != nil {
+		fmt.Fprintln(e.stderr, "dlock compare: interrupted: the figures are partial")
+		return exitFailure
+	}
+	if failed {
 		return exitFailure
 	}
 	return exitOK

@@ -271,3 +271,66 @@ func TestCompareUnderPrefix(t *testing.T) {
 		}
 	}
 }
+
+// SIGINT ends the run early: exit 1, the figures so far, and no lock left
+// held under the prefix (a new run would not be refused).
+func TestCompareInterrupt(t *testing.T) {
+	redisURL := "redis://" + servers.Redis(t, 1)[0].Addr()
+	probe, err := dlock.Open(t.Context(), redisURL+"?prefix=dlock-compare-int:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+
+	cmd := exec.Command(dlockBinary(t), "compare", "--duration", "60s", "--prefix", "dlock-compare-int", redisURL)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	exited := false
+	defer func() {
+		if !exited {
+			cmd.Process.Kill()
+			<-done
+		}
+	}()
+	// Interrupt once the workload holds a lock under the prefix.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		keys, err := probe.Keys(t.Context(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(keys) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no key under the prefix within 30s\nstdout:\n%s\nstderr:\n%s", o.String(), e.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		exited = true
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+			t.Errorf("after SIGINT: %v, want exit status 1", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("still running 30s after SIGINT (--duration 60s)\nstderr:\n%s", e.String())
+	}
+	if !strings.Contains(e.String(), "dlock compare: interrupted: the figures are partial") {
+		t.Errorf("stderr:\n%s", e.String())
+	}
+	if !strings.HasPrefix(o.String(), "BACKEND ") || !strings.Contains(o.String(), "\n"+redisURL+" ") {
+		t.Errorf("want the table with a row for %s; stdout:\n%s", redisURL, o.String())
+	}
+	if keys, err := probe.Keys(t.Context(), 10); err != nil || len(keys) > 0 {
+		t.Errorf("keys under the prefix after the interrupted run: %q, %v; want none", keys, err)
+	}
+}
