@@ -103,10 +103,7 @@ func runCompare(ctx context.Context, e *env, args []string) int {
 		e.stderr.Write(help.Bytes())
 		return exitUsage
 	}
-	usageErr := func(format string, a ...any) int {
-		fmt.Fprintf(e.stderr, "dlock compare: "+format+"\nRun 'dlock compare -h' for usage.\n", a...)
-		return exitUsage
-	}
+	usageErr := func(format string, a ...any) int { return usageFail(e, "compare", format, a...) }
 	if *duration <= 0 {
 		return usageErr("--duration must be positive, got %v", *duration)
 	}

@@ -68,18 +68,10 @@ func inspectCmd(ctx context.Context, e *env, args []string) int {
 	rawURL, purpose := backendFlags(fs)
 	asJSON := fs.Bool("json", false, "print one JSON object: key, held, token, ttl_seconds, waiters (null when unknown)")
 	timeout := fs.Duration("timeout", inspectDefaultTimeout, "give up after this `duration` (opening the backend and reading)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(e.stdout)
-			fs.Usage()
-			return exitOK
-		}
-		return exitUsage // the flag package has printed the error and the usage
+	if status, ok := parseFlags(e, fs, args); !ok {
+		return status
 	}
-	usageErr := func(format string, a ...any) int {
-		fmt.Fprintf(e.stderr, "dlock inspect: "+format+"\nRun 'dlock inspect -h' for usage.\n", a...)
-		return exitUsage
-	}
+	usageErr := func(format string, a ...any) int { return usageFail(e, "inspect", format, a...) }
 	var key string
 	switch rest := fs.Args(); len(rest) {
 	case 0:

@@ -29,6 +29,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -122,4 +124,28 @@ The commands are:
 	fmt.Fprint(w, `
 Use "dlock help <command>" or "dlock <command> -h" for more about a command.
 `)
+}
+
+// parseFlags parses args into fs (made with flag.ContinueOnError). ok is
+// false when the command ends there, with status: -h printed the usage on
+// standard output (exitOK), or the flag package printed the error and the
+// usage (exitUsage).
+func parseFlags(e *env, fs *flag.FlagSet, args []string) (status int, ok bool) {
+	err := fs.Parse(args)
+	switch {
+	case err == nil:
+		return exitOK, true
+	case errors.Is(err, flag.ErrHelp):
+		fs.SetOutput(e.stdout)
+		fs.Usage()
+		return exitOK, false
+	}
+	return exitUsage, false
+}
+
+// usageFail prints "dlock NAME: message" and where to find the usage on
+// standard error, and returns exitUsage.
+func usageFail(e *env, name, format string, a ...any) int {
+	fmt.Fprintf(e.stderr, "dlock "+name+": "+format+"\nRun 'dlock "+name+" -h' for usage.\n", a...)
+	return exitUsage
 }

@@ -81,18 +81,10 @@ func runCmd(ctx context.Context, e *env, args []string) int {
 	grace := fs.Duration("grace", runDefaultGrace, "after a lost lease, the `time` between SIGTERM and SIGKILL to the command")
 	maxHold := fs.Duration("max-hold", 0, "stop refreshing the lease this long after it was acquired, so that it runs out\n"+
 		"and the command is stopped (exit 124); 0: refresh for as long as the command runs")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(e.stdout)
-			fs.Usage()
-			return exitOK
-		}
-		return exitUsage // the flag package has printed the error and the usage
+	if status, ok := parseFlags(e, fs, args); !ok {
+		return status
 	}
-	usageErr := func(format string, a ...any) int {
-		fmt.Fprintf(e.stderr, "dlock run: "+format+"\nRun 'dlock run -h' for usage.\n", a...)
-		return exitUsage
-	}
+	usageErr := func(format string, a ...any) int { return usageFail(e, "run", format, a...) }
 	rest := fs.Args()
 	if len(rest) == 0 {
 		return usageErr("missing KEY and COMMAND")

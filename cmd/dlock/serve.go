@@ -67,17 +67,11 @@ func serve(ctx context.Context, e *env, args []string) int {
 	}
 	data := fs.String("data", "", "keep etcd's data in `DIR` (default: dlock/serve in the user's cache directory)")
 	listen := fs.String("listen", serveDefaultListen, "serve clients on this loopback `address`")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(e.stdout)
-			fs.Usage()
-			return exitOK
-		}
-		return exitUsage
+	if status, ok := parseFlags(e, fs, args); !ok {
+		return status
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(e.stderr, "dlock serve: unexpected argument %q\nRun 'dlock serve -h' for usage.\n", fs.Arg(0))
-		return exitUsage
+		return usageFail(e, "serve", "unexpected argument %q", fs.Arg(0))
 	}
 	host, port, err := loopbackAddr(*listen)
 	if err != nil {
