@@ -48,7 +48,8 @@
 # DLOCK_DEBIAN_SUITE (default: trixie for Redis, else this host's codename,
 # else bookworm),
 # DLOCK_DOCKERD_LOG (default /tmp/dlock-dockerd.log), DLOCK_TEST_LOG (the
-# verbose go test log, default /tmp/dlock-test.log), DLOCK_PULL_TIMEOUT
+# verbose go test log; default a new file per run,
+# $TMPDIR/dlock-test-DATE-TIME-XXXXXX.log, its path printed), DLOCK_PULL_TIMEOUT
 # (seconds, default 60).
 set -euo pipefail
 
@@ -291,7 +292,7 @@ build_etcd_standin() {
 		mkdir -p "$cache_dir"
 		note "go build etcd $version from $mod (about a minute the first time)"
 		local start=$SECONDS
-		(cd "$mod" && CGO_ENABLED=0 go build -trimpath -buildvcs=false -o "$bin.tmp.$$" .) ||
+		(cd "$mod" && GOWORK=off CGO_ENABLED=0 go build -trimpath -buildvcs=false -o "$bin.tmp.$$" .) ||
 			die "building etcd from $mod failed"
 		mv "$bin.tmp.$$" "$bin"
 		note "built $bin in $((SECONDS - start))s"
@@ -479,14 +480,20 @@ step "go test -race -count=1 -v $*"
 # The full verbose log goes to a file; the console shows each package's
 # result, every top-level test of the conformance suite (so the log shows
 # which backends ran it), and anything that failed or skipped.
-log=${DLOCK_TEST_LOG:-${TMPDIR:-/tmp}/dlock-test.log}
+# Each run has a log of its own (two runs on one machine must not write
+# into one file), unless DLOCK_TEST_LOG names one.
+if [ -n "${DLOCK_TEST_LOG:-}" ]; then
+	log=$DLOCK_TEST_LOG
+else
+	log=$(mktemp "${TMPDIR:-/tmp}/dlock-test-$(date +%Y%m%d-%H%M%S)-XXXXXX.log")
+fi
 note "full log: $log"
 start=$SECONDS
 status=0
 go test -race -count=1 -v "$@" >"$log" 2>&1 || status=$?
 grep -E '^(ok|FAIL|panic:|\?|--- PASS: TestConformance|--- (FAIL|SKIP)|\s+--- (FAIL|SKIP)|\s+[a-z_]+\.go:[0-9]+:)' "$log" |
 	sed -E 's/^--- PASS: (TestConformance[^ ]*)/    conformance suite passed: \1/' || true
-note "go test finished in $((SECONDS - start))s with status $status"
+note "go test finished in $((SECONDS - start))s with status $status (full log: $log)"
 if [ "$status" -ne 0 ]; then
 	note "last lines of $log:"
 	tail -n 40 "$log" >&2
