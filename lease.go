@@ -160,12 +160,16 @@ func (le *Lease) Deadline() time.Time {
 }
 
 // Done returns a channel that is closed when the lease ends: released, lost,
-// or its Locker closed. Done can fire late (a paused process learns late);
-// only a resource that checks the fencing token is safe from a holder that
-// no longer holds the lock.
+// or its Locker closed. A Done called at or after Deadline returns a closed
+// channel. Done can fire late (a paused process learns late); only a
+// resource that checks the fencing token is safe from a holder that no
+// longer holds the lock.
 func (le *Lease) Done() <-chan struct{} {
 	le.mu.Lock()
 	defer le.mu.Unlock()
+	// Past the deadline the lease ends here, not on the timer's goroutine
+	// a moment later: a look at a channel made now must find it closed.
+	le.checkDeadlineLocked()
 	if le.done == nil {
 		// Made on demand: most leases are released without a look.
 		le.done = make(chan struct{})
@@ -190,7 +194,7 @@ func (le *Lease) Err() error {
 // It starts no goroutine: the lease's end cancels the context directly.
 func (le *Lease) Context(parent context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(parent)
-	le.Done() // arms the deadline timer
+	le.Done() // arms the deadline timer, or ends the lease if past its deadline
 	le.mu.Lock()
 	if le.err != nil {
 		err := le.err
@@ -437,12 +441,17 @@ func (le *Lease) setDeadline(d time.Time) {
 }
 
 // checkDeadline ends the lease as lost if its deadline has passed. It runs
-// when the deadline timer fires, from Err, and from the Locker's sweep. The check and the end are
-// one step under le.mu, so a refresh that moves the deadline cannot slip in
-// between.
+// when the deadline timer fires, from Done, Err and Context, and from the
+// Locker's sweep. The check and the end are one step under le.mu, so a
+// refresh that moves the deadline cannot slip in between.
 func (le *Lease) checkDeadline() {
 	le.mu.Lock()
 	defer le.mu.Unlock()
+	le.checkDeadlineLocked()
+}
+
+// checkDeadlineLocked is checkDeadline with le.mu held.
+func (le *Lease) checkDeadlineLocked() {
 	if le.err == nil && !time.Now().Before(le.deadline) {
 		le.endLocked(fmt.Errorf("%w: deadline passed without a refresh", ErrLeaseLost), EndExpired)
 	}
