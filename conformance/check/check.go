@@ -204,7 +204,7 @@ func (c *checker) mutualExclusion() {
 				}
 				overlap := earlier(a.end, b.end).Sub(b.start)
 				c.add(MutualExclusion, a.acq, b.acq, "key %q: %s and %s were both valid for %v",
-					key, c.describe(a), c.describe(b), overlap.Round(time.Millisecond))
+					key, c.describe(a), c.describe(b), overlap.Round(time.Microsecond))
 			}
 		}
 	}

@@ -88,6 +88,44 @@ func TestMutualExclusionCaught(t *testing.T) {
 	}
 }
 
+// Two holders valid at once for only 200 µs are a violation, whatever ended
+// the first lease: the checker allows no tolerance, and the report gives the
+// overlap at its real size. A grant exactly at the first lease's end is no
+// violation.
+func TestSubMillisecondOverlapCaught(t *testing.T) {
+	const overlap = 200 * time.Microsecond
+	for _, end := range []string{"deadline", "release", "lost"} {
+		for _, gap := range []time.Duration{-overlap, 0} {
+			t.Run(fmt.Sprintf("%s/gap=%v", end, gap), func(t *testing.T) {
+				h := newHist()
+				deadline := 1000
+				if end == "deadline" {
+					deadline = 100
+				}
+				a := h.grant("a", "k", 0, 10, deadline, 1)
+				switch end {
+				case "release":
+					h.release(a, 100)
+				case "lost":
+					h.h.Add(check.Op{Kind: check.Lost, Lease: a, Start: h.t(100), End: h.t(100), Err: dlock.ErrLeaseLost})
+				}
+				granted := h.t(100).Add(gap)
+				b := h.h.Add(check.Op{Kind: check.Acquire, Client: "b", Key: "k", Wait: true, Start: h.t(50), End: granted,
+					Token: 2, TTL: time.Second, Deadline: granted.Add(time.Second)})
+				h.release(b, 500)
+				if gap == 0 {
+					want(t, h, check.Options{})
+					return
+				}
+				vs := want(t, h, check.Options{}, check.MutualExclusion)
+				if vs[0].A.ID != a || vs[0].B.ID != b || !strings.Contains(vs[0].Detail, "both valid for "+overlap.String()) {
+					t.Errorf("the report does not name both leases and the %v overlap: %v", overlap, vs[0])
+				}
+			})
+		}
+	}
+}
+
 // The ends of a lease's validity: release invoked, Done fired, an injected
 // expiry, its Deadline. A grant after any of them is no violation; the same
 // grant before it is.
