@@ -173,6 +173,40 @@
 // Counters and tokens are compared and returned as decimal strings, not
 // Lua numbers (doubles), so tokens stay exact beyond 2^53.
 //
+// # Fencing counters stay: one key per lock name per node
+//
+// The fencing counters never expire. Every node that has granted a lock
+// name, or been given a token for it (a write-back, or the Release and
+// Refresh scripts raising it), keeps that name's counter,
+// Prefix+"{"+name+"}:fence" (the lock key plus ":fence"), a string of
+// about 16 decimal digits (the token: microseconds since the Unix epoch, or
+// above), after the lock is released, until someone deletes it. So there is
+// one such key per distinct lock name ever used, on each node: for a fixed
+// set of names that is a small, bounded cost, but a program that locks
+// ever-new names (request IDs, say) adds a key to every node for each name,
+// for good. (The redis backend's counters expire after
+// Options.FenceRetention when they are behind the clock; Redlock has no
+// such option.)
+//
+// They must not expire because the tokens must not go backwards, and the
+// counter is what holds them: a node whose clock is behind a lease's
+// token (its token came from a node with a clock ahead) has the token
+// written back to its counter, and until that node's clock passes it, the
+// counter alone keeps the node from issuing a lower token to the next
+// holder. A counter that expired (or is deleted) while ahead of its node's
+// clock lets a later holder's token equal or go below an earlier one, as
+// a counter lost in a restart does (see Fencing above).
+//
+// To clean them, delete a counter only when it no longer orders anything:
+// its lock name is not in use (no lock key Prefix+"{"+name+"}" on the
+// node), and its value is below the node's own clock (TIME, as seconds ×
+// 10^6 + microseconds) by more than the largest step back you allow that
+// clock; the node's next grant then issues at least its clock, which is
+// past the deleted value. Do it per node (SCAN MATCH Prefix+"{*}:fence"),
+// with GET, TIME, EXISTS and DEL in one script so that no grant slips in
+// between. A counter deleted while ahead of its node's clock is the
+// documented best-effort case above.
+//
 // # Restarts: delay them
 //
 // A node that crashes and comes back empty (no persistence, or
