@@ -15,7 +15,10 @@ import (
 // open. Put it between a client and a server (dial [Proxy.Addr] instead of
 // the server's address) to cut the client off ([Proxy.Blackhole]) or slow
 // its link down ([Proxy.Delay]) without touching the server, which other
-// clients keep reaching directly.
+// clients keep reaching directly. [Proxy.FailNext] fails a single request
+// (it never reaches the server) or drops a single reply (the server applied
+// the request, the client never hears: an unknown outcome), and
+// [Proxy.Cut] resets every connection.
 //
 // Each accepted connection gets its own connection to the target, dialled
 // when the connection is accepted (or, during a blackhole, when it ends). A
@@ -34,6 +37,47 @@ type Proxy struct {
 	delay      time.Duration
 	closed     bool
 	links      map[*link]bool
+	shot       *shot // armed by FailNext, until it fires or Heal
+}
+
+// OneShot is a fault on a single request, for [Proxy.FailNext]. A request
+// is a chunk of bytes a client sends (what one read of the proxy returns:
+// usually one write of the client's), at least MinBytes long.
+type OneShot struct {
+	// DropReply: the request is delivered to the target, and its
+	// connection is cut (both sides closed) as soon as the target sends
+	// anything back on it, so the reply is lost: the server applied the
+	// request and the client never hears. Otherwise the request is not
+	// delivered and its connection is cut at once: the request fails and
+	// the server never sees it.
+	DropReply bool
+	// Skip is how many requests pass before the one that fails.
+	Skip int
+	// MinBytes: a shorter chunk is not counted as a request. HTTP/2
+	// control frames such as PING (17 bytes) and WINDOW_UPDATE (13) are
+	// shorter than any gRPC request, so MinBytes 20 counts only requests
+	// on an etcd client's connection. 0 counts every chunk.
+	MinBytes int
+	// Partition: when the fault fires the proxy also blackholes (as
+	// [Proxy.Blackhole]) until [Proxy.Heal], so that nothing more passes:
+	// a client cannot learn the outcome by asking again.
+	Partition bool
+}
+
+// shot is an armed OneShot.
+type shot struct {
+	OneShot
+	fired chan struct{} // closed when it fires
+}
+
+// fire closes s.fired (once: the caller took s out of the proxy) and, for
+// a Partition, blackholes; p.mu is held.
+func (p *Proxy) fireLocked(s *shot) {
+	close(s.fired)
+	if s.Partition && !p.blackholed {
+		p.blackholed = true
+		p.healed = make(chan struct{})
+	}
 }
 
 // NewProxy starts a proxy that listens on 127.0.0.1 (a port of its own,
@@ -88,7 +132,8 @@ func (p *Proxy) Delay(d time.Duration) {
 
 // Heal ends every fault: a blackhole ends (what waited is delivered in
 // order, and connections accepted during it are connected to the target
-// now) and the delay goes back to zero for chunks read from now on.
+// now), the delay goes back to zero for chunks read from now on, and a
+// one-shot fault that has not fired is disarmed.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -97,6 +142,58 @@ func (p *Proxy) Heal() {
 		close(p.healed)
 	}
 	p.delay = 0
+	p.shot = nil
+}
+
+// FailNext arms the one-shot fault f: the next request a client sends
+// through the proxy (on any of its connections), after f.Skip others,
+// fails as f says. It returns a channel closed when the fault has fired.
+// Arming again replaces a fault that has not fired (its channel is then
+// never closed), and so does Heal (which disarms it). The connection that
+// carried the request is cut: the client sees it closed, and a new
+// connection through the proxy works (unless f.Partition).
+func (p *Proxy) FailNext(f OneShot) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.shot = &shot{OneShot: f, fired: make(chan struct{})}
+	return p.shot.fired
+}
+
+// takeShot reports the armed fault if a chunk of n bytes from a client is
+// the request it fails (the fault is then disarmed), else nil. A fault
+// that drops the request fires here.
+func (p *Proxy) takeShot(n int) *shot {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.shot
+	if s == nil || n < s.MinBytes {
+		return nil
+	}
+	if s.Skip > 0 {
+		s.Skip--
+		return nil
+	}
+	p.shot = nil
+	if !s.DropReply {
+		p.fireLocked(s)
+	}
+	return s
+}
+
+// Cut resets every connection open through the proxy, as a firewall or a
+// NAT that forgets them does: both sides are closed at once, and what the
+// proxy had read and not delivered yet (during a blackhole or a delay) is
+// lost. New connections are accepted as before; Cut changes no fault.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	links := make([]*link, 0, len(p.links))
+	for l := range p.links {
+		links = append(links, l)
+	}
+	p.mu.Unlock()
+	for _, l := range links {
+		l.kill()
+	}
 }
 
 // Close stops listening, closes every connection (both sides), and waits
@@ -137,7 +234,7 @@ func (p *Proxy) serve() {
 			}
 			return // closed
 		}
-		l := &link{client: c, dead: make(chan struct{})}
+		l := &link{p: p, client: c, dead: make(chan struct{})}
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
@@ -154,12 +251,16 @@ func (p *Proxy) serve() {
 // link is one proxied connection: the accepted client side and the
 // connection dialled to the target.
 type link struct {
+	p      *Proxy
 	client net.Conn
 	dead   chan struct{} // closed by kill
 
 	mu     sync.Mutex
 	server net.Conn // nil until dialled
 	killed bool
+	// dropReply, once a request of a DropReply fault has been delivered:
+	// the next bytes from the target cut the link instead.
+	dropReply *shot
 }
 
 // kill closes both sides of l (at once; nothing queued is delivered).
@@ -223,16 +324,19 @@ func (p *Proxy) run(l *link) {
 	wg.Wait()
 }
 
-// chunk is what one read returned, with the time it is due at the other end.
+// chunk is what one read returned, with the time it is due at the other
+// end; shot is the DropReply fault whose request it is (nil for most).
 type chunk struct {
 	due  time.Time
 	data []byte
+	shot *shot
 }
 
 // pipe forwards from src to dst until src ends (EOF: dst is half-closed
 // after what came before has been delivered) or l is killed. A read error
 // other than EOF, or a failed write, kills l.
 func (p *Proxy) pipe(l *link, dst, src net.Conn) {
+	up := src == l.client // client to target: where requests go
 	q := make(chan chunk, 64)
 	var wg sync.WaitGroup
 	wg.Go(func() { // reader
@@ -243,12 +347,22 @@ func (p *Proxy) pipe(l *link, dst, src net.Conn) {
 				return
 			}
 			n, err := src.Read(buf)
+			var s *shot
+			switch {
+			case n > 0 && up:
+				if s = p.takeShot(n); s != nil && !s.DropReply {
+					l.kill() // the request is not delivered
+					return
+				}
+			case n > 0 && l.replyDropped():
+				return // the link is cut: the reply is not delivered
+			}
 			if n > 0 {
 				p.mu.Lock()
 				due := time.Now().Add(p.delay)
 				p.mu.Unlock()
 				select {
-				case q <- chunk{due: due, data: append([]byte(nil), buf[:n]...)}:
+				case q <- chunk{due: due, data: append([]byte(nil), buf[:n]...), shot: s}:
 				case <-l.dead:
 					return
 				}
@@ -285,11 +399,35 @@ func (p *Proxy) pipe(l *link, dst, src net.Conn) {
 			l.kill()
 			return
 		}
+		if c.shot != nil {
+			// The request is delivered: its reply will not be.
+			l.mu.Lock()
+			l.dropReply = c.shot
+			l.mu.Unlock()
+		}
 	}
 	// src ended: pass the half-close on.
 	if tc, ok := dst.(*net.TCPConn); ok {
 		_ = tc.CloseWrite()
 	}
+}
+
+// replyDropped is called with bytes from the target: if a DropReply
+// fault's request went out on l, it fires the fault, cuts l and reports
+// true.
+func (l *link) replyDropped() bool {
+	l.mu.Lock()
+	s := l.dropReply
+	l.dropReply = nil
+	l.mu.Unlock()
+	if s == nil {
+		return false
+	}
+	l.p.mu.Lock()
+	l.p.fireLocked(s)
+	l.p.mu.Unlock()
+	l.kill()
+	return true
 }
 
 // awaitPass waits until no blackhole is in force, and reports true then, or

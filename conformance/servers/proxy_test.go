@@ -336,3 +336,123 @@ func TestProxyClose(t *testing.T) {
 }
 
 func isReset(err error) bool { return errors.Is(err, syscall.ECONNRESET) }
+
+// closedBy checks that c is closed (EOF or a reset) within a generous
+// bound, with nothing more to read.
+func closedBy(t *testing.T, c net.Conn, why string) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	b, err := io.ReadAll(c)
+	if len(b) > 0 {
+		t.Fatalf("%s: %q arrived", why, b)
+	}
+	if err != nil && !isReset(err) {
+		t.Fatalf("%s: read = %v; want EOF or a reset", why, err)
+	}
+}
+
+// fired checks that ch is closed.
+func fired(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: the fault did not fire", what)
+	}
+}
+
+func TestProxyFailRequest(t *testing.T) {
+	tg := newTarget(t)
+	p := newProxy(t, tg.ln.Addr().String())
+	client, server := pair(t, p, tg)
+
+	done := p.FailNext(servers.OneShot{MinBytes: 4, Skip: 1})
+	send(t, client, "ab") // shorter than MinBytes: not a request
+	expect(t, server, "ab")
+	send(t, client, "first") // skipped
+	expect(t, server, "first")
+	select {
+	case <-done:
+		t.Fatal("fired before the request it fails")
+	default:
+	}
+	send(t, client, "second") // fails: never delivered, the link is cut
+	fired(t, done, "FailNext")
+	closedBy(t, server, "the target after the failed request")
+	closedBy(t, client, "the client after the failed request")
+
+	// One shot only: a new connection carries requests again.
+	c2, s2 := pair(t, p, tg)
+	send(t, c2, "third")
+	expect(t, s2, "third")
+}
+
+func TestProxyDropReply(t *testing.T) {
+	tg := newTarget(t)
+	p := newProxy(t, tg.ln.Addr().String())
+	client, server := pair(t, p, tg)
+
+	done := p.FailNext(servers.OneShot{DropReply: true})
+	send(t, client, "apply")
+	expect(t, server, "apply") // the server gets the request ...
+	select {
+	case <-done:
+		t.Fatal("fired before the reply")
+	default:
+	}
+	send(t, server, "applied")
+	fired(t, done, "DropReply")
+	closedBy(t, client, "the client waiting for the reply") // ... the client never hears
+	closedBy(t, server, "the target after the dropped reply")
+
+	c2, s2 := pair(t, p, tg)
+	send(t, s2, "after")
+	expect(t, c2, "after")
+
+	// Partition: after the dropped reply nothing passes until Heal.
+	done = p.FailNext(servers.OneShot{DropReply: true, Partition: true})
+	send(t, c2, "apply")
+	expect(t, s2, "apply")
+	send(t, s2, "applied")
+	fired(t, done, "DropReply with Partition")
+	closedBy(t, c2, "the client waiting for the reply")
+	late := dial(t, p.Addr())
+	send(t, late, "again?")
+	tg.noConn(t, "a connection opened after a DropReply with Partition")
+	p.Heal()
+	s3 := tg.next(t)
+	expect(t, s3, "again?")
+}
+
+func TestProxyHealDisarms(t *testing.T) {
+	tg := newTarget(t)
+	p := newProxy(t, tg.ln.Addr().String())
+	client, server := pair(t, p, tg)
+	done := p.FailNext(servers.OneShot{})
+	p.Heal()
+	send(t, client, "request")
+	expect(t, server, "request")
+	send(t, server, "reply")
+	expect(t, client, "reply")
+	select {
+	case <-done:
+		t.Fatal("a disarmed fault fired")
+	default:
+	}
+}
+
+func TestProxyCut(t *testing.T) {
+	tg := newTarget(t)
+	p := newProxy(t, tg.ln.Addr().String())
+	client, server := pair(t, p, tg)
+	p.Blackhole()
+	send(t, client, "queued") // held by the blackhole, then lost
+	silent(t, server, "during the blackhole")
+	p.Cut()
+	p.Heal()
+	closedBy(t, server, "the target after Cut")
+	closedBy(t, client, "the client after Cut")
+	c2, s2 := pair(t, p, tg)
+	send(t, c2, "fresh")
+	expect(t, s2, "fresh")
+}
