@@ -261,3 +261,36 @@ func TestMiddlewareConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestBeyond2p53: tokens beyond 2^53, where a float64 no longer tells
+// neighbours apart, keep their order in Guard and Middleware: 2^53+1 after
+// 2^53 passes, 2^53 after 2^53+1 is stale. (tests/fence's TestStoreOrder
+// checks the same on every store, against real servers.)
+func TestBeyond2p53(t *testing.T) {
+	const big = 1 << 53
+	var g fence.Guard
+	nop := func() error { return nil }
+	if err := g.Do("r", big, nop); err != nil {
+		t.Errorf("Guard: 2^53: %v", err)
+	}
+	if err := g.Do("r", big+1, nop); err != nil {
+		t.Errorf("Guard: 2^53+1 after 2^53: %v; want it to pass", err)
+	}
+	if err := g.Do("r", big, nop); !errors.Is(err, fence.ErrStaleToken) {
+		t.Errorf("Guard: 2^53 after 2^53+1: %v; want ErrStaleToken", err)
+	}
+	var hg fence.Guard
+	h := fence.Middleware(&hg, func(*http.Request) string { return "doc" }, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for _, c := range []struct {
+		tok  dlock.Token
+		want int
+	}{{big, http.StatusOK}, {big + 1, http.StatusOK}, {big, http.StatusConflict}} {
+		r := httptest.NewRequest(http.MethodPut, "/doc", nil)
+		fence.SetHeader(r.Header, c.tok)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != c.want {
+			t.Errorf("Middleware: token %d: status %d, want %d", c.tok, w.Code, c.want)
+		}
+	}
+}

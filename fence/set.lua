@@ -8,6 +8,10 @@
 --
 -- Returns "OK" when the value was written, else the highest token (the
 -- write was stale and changed nothing).
+--
+-- The tokens are compared as strings, never with tonumber: a Lua number is
+-- a double, which cannot tell 2^53 from 2^53+1 (so 2^53 would pass after
+-- 2^53+1).
 local highest = redis.call('GET', KEYS[2])
 if highest and ARGV[2] < highest then
 	return highest

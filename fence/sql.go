@@ -31,7 +31,9 @@ import (
 // so the check and the write are atomic under any isolation level. The
 // names are quoted as given, so they are case-sensitive (PostgreSQL folds
 // unquoted names to lower case: create the table with lower-case names);
-// the token column must be NOT NULL.
+// the token column must be NOT NULL, and an exact integer type (bigint, as
+// above): a float or double column, or a comparison through one, cannot
+// tell tokens beyond 2^53 apart (2^53 would pass after 2^53+1).
 type SQLTable struct {
 	// DB is a *sql.DB, or a *sql.Tx to fence a write inside the
 	// caller's own transaction.
