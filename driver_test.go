@@ -156,30 +156,94 @@ func TestCloseEndsLeasesItCannotRelease(t *testing.T) {
 	}
 }
 
-// slowDriver answers every acquire after a delay, as a far server would.
+// slowDriver is a memory driver whose replies come late, as from a far
+// server: an acquire is sent after delay; a refresh is applied at once and
+// its reply comes after refreshDelay (whatever its context: it is on its
+// way). It counts the refreshes applied and the releases asked for.
 type slowDriver struct {
 	backend.Driver
-	delay time.Duration
+	delay        time.Duration
+	refreshDelay time.Duration
+	// refreshed, if not nil, receives each refresh applied, before its
+	// reply: the refresh waits until it is received or its context ends
+	// (then it fails, its outcome unknown).
+	refreshed chan slowRefresh
+	refreshes atomic.Int32
+	releases  atomic.Int32
 }
 
-func (d slowDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+// slowRefresh is a refresh a slowDriver applied.
+type slowRefresh struct {
+	sent    time.Time // when the call began: the request was sent then
+	granted time.Duration
+}
+
+func (d *slowDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
 	time.Sleep(d.delay)
-	return d.Driver.TryAcquire(ctx, key, ttl)
+	l, err := d.Driver.TryAcquire(ctx, key, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return &slowLease{l, d}, nil
+}
+
+type slowLease struct {
+	backend.Lease
+	d *slowDriver
+}
+
+func (l *slowLease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
+	sent := time.Now()
+	granted, err := l.Lease.Refresh(ctx, ttl)
+	if err != nil {
+		return 0, err
+	}
+	l.d.refreshes.Add(1)
+	time.Sleep(l.d.refreshDelay)
+	if l.d.refreshed != nil {
+		select {
+		case l.d.refreshed <- slowRefresh{sent, granted}:
+		case <-ctx.Done():
+			return 0, fmt.Errorf("%w: %w", backend.ErrUnavailable, ctx.Err())
+		}
+	}
+	return granted, nil
+}
+
+func (l *slowLease) Release(ctx context.Context) error {
+	l.d.releases.Add(1)
+	return l.Lease.Release(ctx)
+}
+
+// slowBatchingDriver is a slowDriver with a backend.BatchRefresher, whose
+// batches refresh their leases one after another.
+type slowBatchingDriver struct{ *slowDriver }
+
+func (d slowBatchingDriver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest) {
+	for i := range reqs {
+		r := &reqs[i]
+		r.Granted, r.Err = r.Lease.Refresh(ctx, r.TTL)
+	}
+}
+
+// driftMargin is the part of a TTL a Locker with the default drift factor
+// does not trust.
+func driftMargin(ttl time.Duration) time.Duration {
+	return time.Duration(float64(ttl)*dlock.DefaultDriftFactor) + 2*time.Millisecond
 }
 
 // Deadline counts from the moment the request was sent, not from the reply:
 // the server starts the TTL no earlier than it receives the request.
 func TestDeadlineCountsFromRequest(t *testing.T) {
 	const delay, ttl = 300 * time.Millisecond, 10 * time.Second
-	l := mustNew(t, slowDriver{memory.NewDriver(memory.NewStore()), delay}, nil)
+	l := mustNew(t, &slowDriver{Driver: memory.NewDriver(memory.NewStore()), delay: delay}, nil)
 	defer l.Close()
 	before := time.Now()
 	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
-	margin := time.Duration(float64(ttl)*dlock.DefaultDriftFactor) + 2*time.Millisecond
-	if latest := before.Add(delay/2 + ttl - margin); le.Deadline().After(latest) {
+	if latest := before.Add(delay/2 + ttl - driftMargin(ttl)); le.Deadline().After(latest) {
 		t.Errorf("Deadline %v is after %v: counted from the reply, not the request", le.Deadline(), latest)
 	}
 }
@@ -188,7 +252,7 @@ func TestDeadlineCountsFromRequest(t *testing.T) {
 // outlasted the TTL) must not hand out a lease that is lost already.
 func TestLateGrantIsGivenBack(t *testing.T) {
 	s := memory.NewStore()
-	l := mustNew(t, slowDriver{memory.NewDriver(s), 150 * time.Millisecond}, nil)
+	l := mustNew(t, &slowDriver{Driver: memory.NewDriver(s), delay: 150 * time.Millisecond}, nil)
 	defer l.Close()
 	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 100 * time.Millisecond})
 	if !errors.Is(err, dlock.ErrUnavailable) {
@@ -196,6 +260,145 @@ func TestLateGrantIsGivenBack(t *testing.T) {
 	}
 	if s.Held("k") {
 		t.Errorf("the late grant was not given back")
+	}
+}
+
+// A refreshed Deadline counts from the moment the refresh was sent, not
+// from its reply: the server counts the new TTL from no later than it
+// received the request, and a slow reply must not push the Deadline past
+// the server's expiry. Explicit Refresh, and the watchdog's background
+// refresh (through a BatchRefresher, and one lease at a time without).
+func TestRefreshDeadlineCountsFromRequest(t *testing.T) {
+	const delay = 300 * time.Millisecond
+	check := func(t *testing.T, le *dlock.Lease, r slowRefresh) {
+		t.Helper()
+		bound := r.sent.Add(r.granted - driftMargin(r.granted))
+		if late := le.Deadline().Sub(bound); late > delay/2 {
+			t.Errorf("the refreshed Deadline is %v past the request's time + TTL - margin: counted from the reply, not the request", late)
+		}
+	}
+	t.Run("Refresh", func(t *testing.T) {
+		t.Parallel()
+		d := &slowDriver{Driver: memory.NewDriver(memory.NewStore()), refreshDelay: delay, refreshed: make(chan slowRefresh, 1)}
+		l := mustNew(t, d, nil)
+		defer l.Close()
+		le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := le.Refresh(t.Context(), 20*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		check(t, le, <-d.refreshed)
+	})
+	for _, batch := range []bool{true, false} {
+		t.Run(fmt.Sprint("watchdog/batch=", batch), func(t *testing.T) {
+			t.Parallel()
+			const ttl = 3 * time.Second
+			// Only the first refresh gets its reply (the test takes
+			// one from refreshed): the Deadline is that refresh's.
+			sd := &slowDriver{Driver: memory.NewDriver(memory.NewStore()), refreshDelay: delay, refreshed: make(chan slowRefresh)}
+			var d backend.Driver = sd
+			if batch {
+				d = slowBatchingDriver{sd}
+			}
+			l := mustNew(t, d, nil)
+			defer l.Close()
+			le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: ttl, AutoRefresh: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			acquired := le.Deadline()
+			var r slowRefresh
+			select {
+			case r = <-sd.refreshed:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no background refresh in 10 s")
+			}
+			// The reply is on its way: wait until it is applied.
+			for end := time.Now().Add(10 * time.Second); le.Deadline().Equal(acquired); time.Sleep(time.Millisecond) {
+				if time.Now().After(end) {
+					t.Fatal("the background refresh did not move the Deadline in 10 s")
+				}
+			}
+			check(t, le, r)
+		})
+	}
+}
+
+// A refresh whose reply lands after the lease's Deadline does not count:
+// the lease ended at its Deadline (Done was closed then, or would have been
+// for anyone who looked), so an explicit Refresh returns ErrNotHeld, and
+// what the server extended is given back (released), whether Done was
+// watched or not. The watchdog's background refresh likewise: the lease
+// ends as lost and the key is given back.
+func TestLateRefreshIsGivenBack(t *testing.T) {
+	for _, watched := range []bool{false, true} {
+		t.Run(fmt.Sprint("Refresh/watched=", watched), func(t *testing.T) {
+			t.Parallel()
+			const ttl = 2 * time.Second
+			s := memory.NewStore()
+			// Sent at once after the acquire, the refresh's reply comes
+			// after the lease's Deadline (at most TTL after the acquire).
+			d := &slowDriver{Driver: memory.NewDriver(s), refreshDelay: ttl + 100*time.Millisecond}
+			l := mustNew(t, d, nil)
+			defer l.Close()
+			le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: ttl})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if watched {
+				le.Done()
+			}
+			err = le.Refresh(t.Context(), time.Minute)
+			if d.refreshes.Load() != 1 {
+				t.Fatalf("Refresh = %v without reaching the server: the test needs it sent before the Deadline", err)
+			}
+			if !errors.Is(err, dlock.ErrNotHeld) {
+				t.Fatalf("Refresh whose reply came after the Deadline = %v, want ErrNotHeld", err)
+			}
+			if err := le.Err(); !errors.Is(err, dlock.ErrLeaseLost) {
+				t.Errorf("Err = %v, want ErrLeaseLost", err)
+			}
+			if d.releases.Load() != 1 || s.Held("k") {
+				t.Errorf("the key is still held for the minute the late refresh gave it: not given back")
+			}
+		})
+		t.Run(fmt.Sprint("watchdog/watched=", watched), func(t *testing.T) {
+			t.Parallel()
+			// The first background refresh is sent at least 0.9 TTL/3
+			// after the acquire: its reply comes after the Deadline (at
+			// most TTL after the acquire), while the refresh it reports
+			// is still in force on the server.
+			const ttl = 1500 * time.Millisecond
+			d := &slowDriver{Driver: memory.NewDriver(memory.NewStore()), refreshDelay: ttl - 200*time.Millisecond}
+			l := mustNew(t, slowBatchingDriver{d}, nil)
+			defer l.Close()
+			le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: ttl, AutoRefresh: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if watched {
+				le.Done()
+			}
+			acquired := le.Deadline()
+			// Until the late refresh is given back, or a moved Deadline
+			// shows that it counted as a success.
+			for end := time.Now().Add(20 * time.Second); d.releases.Load() == 0 && le.Deadline().Equal(acquired); time.Sleep(time.Millisecond) {
+				if time.Now().After(end) {
+					t.Fatal("neither a release nor a new Deadline in 20 s")
+				}
+			}
+			if dl := le.Deadline(); !dl.Equal(acquired) {
+				t.Errorf("the background refresh whose reply came after the Deadline counted as a success: Deadline moved by %v", dl.Sub(acquired))
+			}
+			if err := le.Err(); !errors.Is(err, dlock.ErrLeaseLost) {
+				t.Errorf("Err = %v, want ErrLeaseLost", err)
+			}
+			if d.releases.Load() != 1 {
+				t.Errorf("no release: what the late refresh extended was not given back")
+			}
+		})
 	}
 }
 

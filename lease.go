@@ -218,8 +218,11 @@ func (le *Lease) Context(parent context.Context) (context.Context, context.Cance
 }
 
 // Refresh extends the lease to ttl from now (ttl 0: the TTL the lease was
-// acquired with). If the lease is no longer held the error matches
-// ErrNotHeld, the lease ends as lost, and nothing is changed on the server.
+// acquired with); the new Deadline counts from when the request was sent.
+// If the lease is no longer held the error matches ErrNotHeld, the lease
+// ends as lost, and nothing is changed on the server. A refresh whose reply
+// comes after Deadline is too late: the lease ended then, the error matches
+// ErrNotHeld, and what the server extended is given back (released).
 // Other errors (the backend unreachable) leave the outcome unknown: the
 // lease stays valid until Deadline, which moves earlier if ttl would have
 // ended the lease sooner.
@@ -277,6 +280,9 @@ func (le *Lease) settle(ctx context.Context, start time.Time, ttl, granted time.
 		return opErr("refresh", le.key, err)
 	}
 	le.mu.Lock()
+	// A reply that comes after the deadline comes too late, whether or
+	// not anyone looked at Done meanwhile: the lease ended then.
+	le.checkDeadlineLocked()
 	lost := le.err != nil
 	if !lost {
 		le.ttl = granted
@@ -284,8 +290,9 @@ func (le *Lease) settle(ctx context.Context, start time.Time, ttl, granted time.
 	}
 	le.mu.Unlock()
 	if lost {
-		// The deadline passed while the refresh was in flight, and Done
-		// has fired: give back what the server just extended.
+		// The lease ended while the refresh was in flight (its deadline
+		// passed, or the backend reported it lost): give back what the
+		// server just extended.
 		le.giveBack(ctx)
 		return opErr("refresh", le.key, notHeld(le.Err()))
 	}
