@@ -205,6 +205,9 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 			}
 		}
 	}
+	if granted >= d.quorum && d.afterGrant != nil {
+		d.afterGrant()
+	}
 	elapsed := time.Since(start)
 	validity := l.ttl - elapsed - d.driftFor(l.ttl)
 	if granted >= d.quorum && validity > 0 {

@@ -65,6 +65,12 @@ type Driver struct {
 	calls       sync.WaitGroup  // calls queued or in flight, until their replies are handled (round.go)
 	hubs        []*redishub.Hub // release channels, one pub/sub connection per node (watch.go)
 	watchBG     bg.Group        // the goroutines of Watch; Close waits for them, within a bound
+
+	// afterGrant, if set (tests only, export_test.go), is called by
+	// TryAcquire once a majority has granted, before the grant's validity
+	// is computed: a test pauses there, as a GC or a stopped process
+	// would, so that the grant is judged after its validity.
+	afterGrant func()
 }
 
 var (
