@@ -207,7 +207,7 @@ func runSlowLink(t *testing.T, e *env) {
 	for i := range 2 {
 		l := e.lockerAt(addrs)
 		// While the link is fast: open the connections.
-		if err := e.cycle(ctx, fmt.Sprintf("slow%d", i), l, o, 10*time.Second, 0); err != nil {
+		if err := e.setupCycle(ctx, fmt.Sprintf("slow%d", i), l, o); err != nil {
 			t.Fatalf("Acquire through the proxies before the slow link: %v", err)
 		}
 		ls = append(ls, l)
@@ -312,7 +312,7 @@ func runSlowLink(t *testing.T, e *env) {
 	// directly.
 	for i, l := range append(ls, e.locker()) {
 		name := fmt.Sprintf("healed%d", i)
-		if err := e.cycle(ctx, name, l, o, 10*time.Second, 0); err != nil {
+		if err := e.setupCycle(ctx, name, l, o); err != nil {
 			t.Errorf("%s: Acquire after the slow link healed: %v", name, err)
 		}
 	}
