@@ -105,6 +105,7 @@ func Run(t *testing.T, newHarness HarnessMaker) {
 			{"MaxHold", s.maxHold},
 			{"Deadline", s.deadline},
 			{"FIFO", s.fifo},
+			{"MiddleWaiterGivesUp", s.middleWaiterGivesUp},
 			{"WaitLongerThanTTL", s.waitLongerThanTTL},
 			{"QuietClose", s.quietClose},
 		} {
@@ -789,6 +790,88 @@ func (s *suite) fifo(t *testing.T) {
 		}
 		want++
 	}
+}
+
+// middleWaiterGivesUp: holder H holds the key, waiter A queues, then
+// waiter B behind it; A's Acquire is cancelled. B must not be granted while
+// H still holds the lock (in a queue, A's leaving wakes B, whose watch was on
+// A: B must see that H is still ahead of it), and B is granted once H
+// releases. A backend without a queue has no middle, but the same must
+// hold.
+//
+// The pause between A's and B's Acquire is there to queue A first; if a
+// slow machine queues B first the case checks less, never fails wrongly.
+func (s *suite) middleWaiterGivesUp(t *testing.T) {
+	h, a, b := s.locker(t), s.locker(t), s.locker(t)
+	k := key(t)
+	lh := acquire(t, h, k, &dlock.AcquireOptions{TTL: time.Minute})
+	actx, cancelA := context.WithCancel(t.Context())
+	defer cancelA()
+	aDone := make(chan error, 1)
+	go func() {
+		la, err := a.Acquire(actx, k, &dlock.AcquireOptions{TTL: time.Minute})
+		if err == nil {
+			_ = la.Release(t.Context())
+		}
+		aDone <- err
+	}()
+	time.Sleep(time.Second)
+	type grant struct {
+		le  *dlock.Lease
+		err error
+		at  time.Time
+	}
+	bDone := make(chan grant, 1)
+	bctx, cancelB := context.WithTimeout(t.Context(), time.Minute)
+	defer cancelB()
+	go func() {
+		lb, err := b.Acquire(bctx, k, &dlock.AcquireOptions{TTL: time.Minute})
+		bDone <- grant{lb, err, time.Now()}
+	}()
+	time.Sleep(time.Second)
+	cancelA()
+	select {
+	case err := <-aDone:
+		if err == nil {
+			t.Fatalf("waiter A was granted the lock while H held it")
+		}
+		wantErr(t, "the middle waiter's cancelled Acquire", err, k, dlock.ErrNotAcquired, context.Canceled)
+	case <-time.After(slack):
+		t.Fatalf("the middle waiter's Acquire did not return within %v of its cancellation", slack)
+	}
+	// A's node (or entry) is gone, or going, now: B must go on waiting as
+	// long as H holds. Watch for a while, well past A's clean-up.
+	watch := time.NewTimer(2 * time.Second)
+	defer watch.Stop()
+	select {
+	case g := <-bDone:
+		if g.err == nil {
+			_ = g.le.Release(t.Context())
+			t.Fatalf("waiter B was granted the lock (token %d) while H still held it (token %d, held: %v) after the waiter between them gave up",
+				g.le.Token(), lh.Token(), lh.Err() == nil)
+		}
+		t.Fatalf("waiter B's Acquire failed while H held the lock: %v", g.err)
+	case <-watch.C:
+	}
+	if err := lh.Err(); err != nil {
+		t.Fatalf("H's lease ended while B waited: %v", err)
+	}
+	released := time.Now()
+	release(t, lh)
+	select {
+	case g := <-bDone:
+		if g.err != nil {
+			t.Fatalf("waiter B after H released: %v", g.err)
+		}
+		if g.at.Before(released) {
+			t.Errorf("waiter B was granted at %v, before H released at %v", g.at, released)
+		}
+		s.tokenAfter(t, lh.Token(), g.le.Token())
+		release(t, g.le)
+	case <-time.After(slack):
+		t.Fatalf("waiter B was not granted within %v of H's release", slack)
+	}
+	s.noResidue(t, k, "after the three are done")
 }
 
 // waitLongerThanTTL: a waiter queued for longer than the TTL it asks for
