@@ -311,21 +311,38 @@ func redlockNodes(t *testing.T) string {
 
 // TestStoreOrder: a fixed sequence through every store: equal tokens pass,
 // a higher one passes (across a change in the number of digits), a lower
-// one is rejected and changes nothing.
+// one is rejected and changes nothing. Then tokens beyond 2^53, where a
+// float64 (a Lua number, a JSON number, a SQL float cast) no longer tells
+// neighbours apart: 2^53+1 after 2^53 passes, and 2^53 after 2^53+1 is
+// rejected; a store that compared numbers instead of the exact decimal
+// strings (or integers) would take it.
 func TestStoreOrder(t *testing.T) {
+	type step struct {
+		tok   dlock.Token
+		stale bool
+	}
+	const big = 1 << 53
 	for _, r := range resources(t) {
-		key := fmt.Sprintf("fence-order/%s/%d", r.name, time.Now().UnixNano())
-		for i, step := range []struct {
-			tok   dlock.Token
-			stale bool
-		}{{9, false}, {9, false}, {10, false}, {9, true}, {100, false}, {99, true}} {
-			err := r.write(t.Context(), key, fmt.Sprint(step.tok, "#", i), step.tok)
-			if got := errors.Is(err, fence.ErrStaleToken); got != step.stale || (err != nil && !got) {
-				t.Errorf("%s: write %d with token %d: %v; want stale=%v", r.name, i, step.tok, err, step.stale)
+		for _, seq := range []struct {
+			name  string
+			steps []step
+			want  int // the step whose write the store must hold at the end
+		}{
+			{"small", []step{{9, false}, {9, false}, {10, false}, {9, true}, {100, false}, {99, true}}, 4},
+			{"beyond 2^53", []step{{big, false}, {big + 1, false}, {big, true}}, 1},
+			{"2^53 after 2^53+1", []step{{big + 1, false}, {big, true}}, 0},
+		} {
+			key := fmt.Sprintf("fence-order/%s/%d", r.name, time.Now().UnixNano())
+			for i, st := range seq.steps {
+				err := r.write(t.Context(), key, fmt.Sprint(st.tok, "#", i), st.tok)
+				if got := errors.Is(err, fence.ErrStaleToken); got != st.stale || (err != nil && !got) {
+					t.Errorf("%s, %s: write %d with token %d: %v; want stale=%v", r.name, seq.name, i, st.tok, err, st.stale)
+				}
 			}
-		}
-		if got := r.read(t.Context(), key); got != "100#4" {
-			t.Errorf("%s: store holds %q, want the write with token 100", r.name, got)
+			w := seq.steps[seq.want]
+			if got, want := r.read(t.Context(), key), fmt.Sprint(w.tok, "#", seq.want); got != want {
+				t.Errorf("%s, %s: store holds %q, want %q (the write with token %d)", r.name, seq.name, got, want, w.tok)
+			}
 		}
 	}
 }
