@@ -86,7 +86,7 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 				floor = max(floor, le.ttl)
 			}
 			le.wd = &wdEntry{le: le, ttl: ttl, floor: floor, maxUntil: maxUntil, interval: ttl / 3, idx: -1}
-			l.wd.add(le.wd)
+			l.wd.add(le.wd, le.deadline)
 		}
 	}
 	l.mu.Unlock()

@@ -70,11 +70,12 @@ type wdBatch struct {
 // refreshes with its lease in it, before it cancels the batch.
 const maxPatience = time.Second
 
-// add schedules e's first refresh. l.mu is held and the Locker is open.
-func (w *watchdog) add(e *wdEntry) {
+// add schedules e's first refresh, for a lease whose deadline is deadline.
+// l.mu is held and the Locker is open.
+func (w *watchdog) add(e *wdEntry, deadline time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	e.due = time.Now().Add(e.interval)
+	e.due = dueAfter(time.Now(), e.interval, deadline)
 	heap.Push(&w.q, e)
 	if !w.running {
 		w.running = true
@@ -115,6 +116,20 @@ func (w *watchdog) stop(e *wdEntry, release bool) {
 	if b := e.batch; release && b != nil && b.timer == nil {
 		b.timer = time.AfterFunc(b.patience-time.Since(b.started), b.cancel)
 	}
+}
+
+// dueAfter is when a lease refreshed (or granted) at now, with its deadline
+// at deadline, is next refreshed: interval (a third of the TTL asked) from
+// now, unless that would leave less than interval before the deadline (the
+// backend granted less than asked, or the refresh's round trip ate into
+// it); then after a third of the time left, so that a grant shorter than
+// asked is refreshed in time too, and twice more before it runs out.
+func dueAfter(now time.Time, interval time.Duration, deadline time.Time) time.Time {
+	left := deadline.Sub(now)
+	if left < 2*interval {
+		return now.Add(max(left/3, 0))
+	}
+	return now.Add(interval)
 }
 
 // requeue schedules e's next refresh at due, unless it was stopped.
@@ -267,7 +282,7 @@ func (w *watchdog) run(b *wdBatch, batch []*wdEntry) {
 		}
 		switch {
 		case err == nil:
-			w.requeue(e, time.Now().Add(e.interval))
+			w.requeue(e, dueAfter(time.Now(), e.interval, le.Deadline()))
 		case errors.Is(err, ErrNotHeld) || l.closing.Err() != nil:
 			w.drop(e)
 		case b.ctx.Err() != nil:

@@ -285,3 +285,49 @@ func TestReleaseOfLostLeaseCancelsHangingBatch(t *testing.T) {
 		t.Error("Release returned while the batch with its lease was still in flight")
 	}
 }
+
+// shortDriver is a memory driver that grants a tenth of every TTL asked,
+// on acquire and on refresh, and says so (the lease's TTL and Refresh's
+// result are what it granted), as a backend does that hands out what is
+// left of a reused server lease.
+type shortDriver struct{ backend.Driver }
+
+func (d shortDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+	l, err := d.Driver.TryAcquire(ctx, key, ttl/10)
+	if err != nil {
+		return nil, err
+	}
+	return shortLease{l}, nil
+}
+
+type shortLease struct{ backend.Lease }
+
+func (l shortLease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
+	return l.Lease.Refresh(ctx, ttl/10)
+}
+
+// The watchdog refreshes by the lease's real Deadline, not by the TTL
+// asked: a backend that grants less than asked (here a tenth: 3s asked,
+// 300ms granted) still has its auto-refreshed lease renewed in time. Before,
+// the first refresh was due a third of the TTL asked (1s) after the grant,
+// 700ms after the lease had run out.
+func TestWatchdogFollowsShortGrant(t *testing.T) {
+	l := mustNew(t, shortDriver{memory.NewDriver(memory.NewStore())}, nil)
+	defer l.Close()
+	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 3 * time.Second, AutoRefresh: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := le.TTL(); got != 300*time.Millisecond {
+		t.Fatalf("TTL %v, want the 300ms granted", got)
+	}
+	// Ten grants' worth, and more than one interval of the TTL asked.
+	select {
+	case <-le.Done():
+		t.Fatalf("the auto-refreshed lease ended: %v", le.Err())
+	case <-time.After(3 * time.Second):
+	}
+	if err := le.Release(t.Context()); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+}
