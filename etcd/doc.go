@@ -30,16 +30,25 @@
 //     unused for 30s is revoked when the pool is next used, and Close
 //     revokes the pool). Pooled leases are not kept alive: an acquire that
 //     takes one sends a keepalive (on the Driver's keepalive stream, not a
-//     Raft write) at the same time as its put, and the grant's TTL and
-//     Deadline count from that keepalive's sending; unless the lease was
-//     renewed (or granted) within the last tenth of its TTL, by the lock it
+//     Raft write) at the same time as its put, and the grant's TTL (the
+//     TTL the server granted the lease) and Deadline count from that
+//     keepalive's sending; unless the lease was renewed (or granted) within
+//     the last tenth of the TTL the server granted it, by the lock it
 //     carried just before: then the put goes alone, and the grant's TTL is
-//     what is left of the lease (a little below the TTL granted; its
-//     Deadline counts from that renewal's sending). A pooled lease that may
+//     what is left of the lease, counted from the acquire (at least nine
+//     tenths of the TTL granted; its Deadline is that renewal's sending
+//     plus the TTL granted, less the drift margin). A pooled lease that may
 //     have run out by our count is not used; one that ran out anyway (the
 //     put fails with "lease not found", or the keepalive finds it gone) is
 //     dropped and the acquire takes another lease or grants a new one.
 //     Without a pooled lease, the acquire grants one first (a Raft write).
+//     Each etcd lease of ours has one owner and is in one of four states:
+//     in use (a key of ours is on it), idle (in the pool), revoking, or
+//     gone. Once a revoke of a lease has started (and a failed one is
+//     retried in the background until the lease has run out), the lease
+//     never goes back to the pool: a Release after a failed one deletes
+//     the key, if it is still there, and leaves the lease to that revoke,
+//     so no later grant can be on a lease that is being revoked.
 //   - The oldest key (lowest create revision) holds the lock; the others
 //     are the FIFO queue. A waiter waits only for its immediate
 //     predecessor's delete (no herd effect: the others are not woken).
@@ -106,10 +115,12 @@
 //
 // etcd leases count whole seconds, and the server raises a TTL below its
 // floor (1.5 × the election timeout, 2s by default) to the floor. Lease.TTL
-// reports the TTL the server granted; Limits().MinTTL is 1s. Lease.Deadline
-// counts from the moment the grant, the keepalive sent with the put of a
-// pooled lease (or, for a lease renewed just before, that renewal), or the
-// waiter's last keepalive was sent, less the drift margin.
+// reports the TTL the server granted (for a pooled lease handed out
+// without a keepalive, what was left of it: at least nine tenths of that);
+// Limits().MinTTL is 1s. Lease.Deadline counts from the moment the grant,
+// the keepalive sent with the put of a pooled lease (or, for a lease
+// renewed just before, that renewal), or the waiter's last keepalive was
+// sent, less the drift margin: never later than the server's expiry.
 //
 // Keepalives (of queued waiters, of Refresh, of pooled leases at their
 // reuse, of RefreshBatch) go on the Driver's four LeaseKeepAlive streams,
@@ -134,7 +145,10 @@
 // the old one. Both confirm the key is still ours. If the move's answer is
 // lost, Refresh reads the key to learn which lease it is on and revokes the
 // other; if that read fails too, Refresh returns the error, and the new
-// lease is remembered: Release revokes both.
+// lease is remembered: the next Refresh (RefreshBatch refreshes such a
+// lease on its own, through Refresh) reads the key first, keeps the lease
+// it is on (or fails with ErrNotHeld if it is on neither), and revokes the
+// other; Release revokes both.
 //
 // The Driver's prefix watch reports the deletion of a held key (the lease
 // expired, was revoked, or someone deleted the key) through the Lease's

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -86,6 +87,10 @@ type Driver struct {
 
 	afterQueueRead func()            // tests: called between a waiter's queue read and its watch
 	afterMove      func(error) error // tests: sees, and may replace, the outcome of Refresh's move transaction
+	// fault (tests) is asked before each request named by doing (id is
+	// the lease of a revoke, else 0); an error it returns fails the
+	// request unsent.
+	fault atomic.Pointer[func(doing string, id clientv3.LeaseID) error]
 }
 
 // New checks opts, asks the cluster for its member list (to report how
@@ -253,17 +258,27 @@ func ttlSeconds(ttl time.Duration) int64 {
 }
 
 // waiter is one entry in a key's queue: our key under the key's directory,
-// attached to a lease of our own.
+// attached to a lease of our own, which the waiter owns (in use) until it
+// puts it in the pool or revokes it.
 type waiter struct {
-	d      *Driver
-	key    string // the lock name
-	myKey  string // dir + lease ID in hex
-	id     clientv3.LeaseID
-	ttl    time.Duration // granted
-	secs   int64         // asked, in seconds
-	rev    int64         // create revision of myKey
-	anchor time.Time     // when the request behind the lease's expiry was sent
-	reg    *keyReg       // the hub's interest in myKey
+	d     *Driver
+	key   string // the lock name
+	myKey string // dir + lease ID in hex
+	el    *etcdLease
+	secs  int64 // asked, in seconds
+	rev   int64 // create revision of myKey
+	// The lease lasts at least ttl from anchor, the sending of the request
+	// that set its expiry (a grant or a keepalive: ttl is then
+	// el.granted), or, for a pooled lease handed out without a keepalive,
+	// from when it was handed out (ttl is then what was left of it). The
+	// lease's expiry is never later than anchor + ttl by our count.
+	ttl    time.Duration
+	anchor time.Time
+	reg    *keyReg // the hub's interest in myKey
+	// kaTTL is the TTL of the last keepalive answered while queued (0:
+	// none), which counts from anchor; written by keepAlive, read after
+	// it ended.
+	kaTTL time.Duration
 
 	renewed chan struct{} // while queued: a keepalive was answered (buffered, never closed)
 }
@@ -301,7 +316,8 @@ func (d *Driver) enqueueFresh(ctx context.Context, key string, secs int64) (*wai
 	if err != nil {
 		return nil, false, err
 	}
-	w.id, w.ttl = g.ID, time.Duration(g.TTL)*time.Second
+	w.el = newEtcdLease(g.ID, time.Duration(g.TTL)*time.Second)
+	w.ttl = w.el.granted
 	first, err := w.join(ctx)
 	if err != nil {
 		w.revoke(ctx)
@@ -313,26 +329,29 @@ func (d *Driver) enqueueFresh(ctx context.Context, key string, secs int64) (*wai
 	return w, first, nil
 }
 
-// enqueuePooled puts our key on the idle lease e, and at the same time
-// sends a keepalive of e: the grant's expiry counts from that keepalive's
-// sending. A lease renewed within the last tenth of its TTL (poolFresh), by
-// the lock it carried just before, gets no keepalive: the grant has what is
-// left of the lease. If e has run out (the put fails with "lease not
+// enqueuePooled puts our key on the idle lease e (which the caller took
+// from the pool, so it is in use), and at the same time sends a keepalive
+// of e: the grant's expiry counts from that keepalive's sending, and its
+// TTL is the lease's granted TTL. A lease renewed within the last tenth of
+// its granted TTL (poolFresh), by the lock it carried just before, gets no
+// keepalive: the grant has what is left of the lease, at least nine tenths
+// of its granted TTL. If e has run out (the put fails with "lease not
 // found", or the keepalive finds it gone) it returns errPoolStale; nothing
 // is left behind.
 func (d *Driver) enqueuePooled(ctx context.Context, key string, secs int64, e pooled) (*waiter, bool, error) {
-	w := &waiter{d: d, key: key, secs: secs, id: e.id, ttl: e.ttl}
+	w := &waiter{d: d, key: key, secs: secs, el: e.el}
 	now := time.Now()
 	// Fresh: the grant's TTL is what is left of the lease from now.
 	fresh := renewal{ttl: e.expires.Sub(now), sent: now}
 	wait := func() []renewal { return []renewal{fresh} }
-	if fresh.ttl < e.ttl-e.ttl/poolFresh {
-		wait = d.ka.start(ctx, []clientv3.LeaseID{e.id})
+	if fresh.ttl < e.el.granted-e.el.granted/poolFresh {
+		wait = d.ka.start(ctx, []clientv3.LeaseID{e.el.id})
 	}
 	first, err := w.join(ctx)
 	r := wait()[0]
 	switch {
 	case errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, errGone):
+		e.el.to(inUse, gone)
 		return nil, false, errPoolStale
 	case err != nil:
 		// The put may have happened: revoking the lease deletes the
@@ -342,6 +361,7 @@ func (d *Driver) enqueuePooled(ctx context.Context, key string, secs int64, e po
 	case errors.Is(r.err, backend.ErrNotHeld):
 		// The lease ran out after the put: the key went with it.
 		w.reg.stop()
+		e.el.to(inUse, gone)
 		return nil, false, errPoolStale
 	case r.err != nil:
 		// The lease's expiry is not known: give it up.
@@ -352,19 +372,19 @@ func (d *Driver) enqueuePooled(ctx context.Context, key string, secs int64, e po
 	return w, first, nil
 }
 
-// join puts our key (on w.id) in the queue and reads the queue's head, in
+// join puts our key (on w.el) in the queue and reads the queue's head, in
 // one transaction; the hub's interest in our key is registered first, so
 // that no delete of it is missed. It reports whether we are first.
 func (w *waiter) join(ctx context.Context) (bool, error) {
 	d := w.d
 	dir := d.dir(w.key)
-	w.myKey = fmt.Sprintf("%s%016x", dir, int64(w.id))
+	w.myKey = fmt.Sprintf("%s%016x", dir, int64(w.el.id))
 	w.reg = d.hub.watchKey(w.myKey)
 	resp, err := call(ctx, d, "joining the queue", func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return d.client.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(w.myKey), "=", 0)).
 			Then(
-				clientv3.OpPut(w.myKey, "", clientv3.WithLease(w.id)),
+				clientv3.OpPut(w.myKey, "", clientv3.WithLease(w.el.id)),
 				clientv3.OpGet(dir, clientv3.WithFirstCreate()...),
 			).Commit()
 	})
@@ -453,6 +473,9 @@ func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (ba
 	if err := w.wait(ctx); err != nil {
 		w.revoke(ctx)
 		return nil, acquireErr(ctx, err)
+	}
+	if w.kaTTL > 0 {
+		w.ttl = w.kaTTL // renewed while queued: from anchor
 	}
 	return d.newLease(w), nil
 }
@@ -594,7 +617,7 @@ func (w *waiter) period() time.Duration {
 // stream, which may go to another member), so that one that went to a
 // frozen member does not use up the TTL.
 func (w *waiter) keepAlive(ctx context.Context, cancel context.CancelCauseFunc) {
-	interval := w.ttl / 3
+	interval, ttl := w.ttl/3, w.ttl
 	t := time.NewTimer(interval)
 	defer t.Stop()
 	for {
@@ -603,10 +626,10 @@ func (w *waiter) keepAlive(ctx context.Context, cancel context.CancelCauseFunc) 
 			return
 		case <-t.C:
 		}
-		expiry := w.anchor.Add(w.ttl) // the lease may have run out from here on
+		expiry := w.anchor.Add(ttl) // the lease may have run out from here on
 		if !time.Now().Before(expiry) {
 			cancel(fmt.Errorf("%w: etcd: no keepalive of the waiter's lease was answered for its TTL (%v): it may have expired while queued",
-				backend.ErrUnavailable, w.ttl))
+				backend.ErrUnavailable, ttl))
 			return
 		}
 		// Bound the renewal by the lease's possible expiry too.
@@ -615,11 +638,12 @@ func (w *waiter) keepAlive(ctx context.Context, cancel context.CancelCauseFunc) 
 			kdeadline = expiry
 		}
 		kctx, kcancel := context.WithDeadline(ctx, kdeadline)
-		r := w.d.ka.renewOne(kctx, w.id)
+		r := w.d.ka.renewOne(kctx, w.el.id)
 		kcancel()
 		switch {
 		case r.err == nil:
-			w.anchor = r.sent // read by wait's caller only after this goroutine ended
+			// Read by wait's caller only after this goroutine ended.
+			ttl, w.anchor, w.kaTTL = r.ttl, r.sent, r.ttl
 			select {
 			case w.renewed <- struct{}{}:
 			default:
@@ -650,35 +674,44 @@ func (w *waiter) leave(ctx context.Context) {
 		w.revoke(ctx)
 		return
 	}
-	w.d.recycle(w.secs, w.id, w.ttl, w.anchor.Add(w.ttl))
+	w.d.recycle(w.secs, w.el, w.anchor.Add(w.ttl))
 }
 
-// revoke gives the lease up, which deletes our key: at once if the cluster
-// answers within cleanupTimeout (even when ctx has ended), else in the
-// background, until it is done or the lease has run out by itself (a dead
-// waiter key would hold up the queue behind it until then).
+// revoke gives the lease up, which deletes our key: see Driver.revoke.
 func (w *waiter) revoke(ctx context.Context) {
 	if w.reg != nil {
 		w.reg.stop()
 	}
+	w.d.revoke(ctx, w.el)
+}
+
+// revoke revokes el (deleting any key on it): at once if the cluster
+// answers within cleanupTimeout (even when ctx has ended), else in the
+// background, until it is done or the lease has run out by itself (a dead
+// waiter key would hold up the queue behind it until then). From the start
+// el is revoking, for good: it never goes back to the pool.
+func (d *Driver) revoke(ctx context.Context, el *etcdLease) {
+	el.startRevoke()
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	_, err := w.d.client.Revoke(rctx, w.id)
+	err := d.revokeOnce(rctx, el)
 	cancel()
-	if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) {
+	if err == nil {
 		return
 	}
-	until := time.Now().Add(max(w.ttl, time.Second))
-	w.d.bg.Go(func() {
+	// A keepalive may have renewed it just now.
+	until := time.Now().Add(max(el.granted, time.Second))
+	d.bg.Go(func() {
+		defer el.to(revoking, gone) // revoked, or run out by itself
 		for time.Now().Before(until) {
 			select {
-			case <-w.d.ctx.Done():
+			case <-d.ctx.Done():
 				return
 			case <-time.After(cleanupTimeout / 4):
 			}
-			rctx, cancel := context.WithTimeout(w.d.ctx, cleanupTimeout)
-			_, err := w.d.client.Revoke(rctx, w.id)
+			rctx, cancel := context.WithTimeout(d.ctx, cleanupTimeout)
+			err := d.revokeOnce(rctx, el)
 			cancel()
-			if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			if err == nil {
 				return
 			}
 		}
@@ -692,7 +725,14 @@ func (w *waiter) revoke(ctx context.Context) {
 func call[T any](ctx context.Context, d *Driver, doing string, f func(context.Context) (T, error)) (T, error) {
 	rctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()
-	v, err := f(rctx)
+	var v T
+	var err error
+	if fault := d.fault.Load(); fault != nil {
+		err = (*fault)(doing, 0)
+	}
+	if err == nil {
+		v, err = f(rctx)
+	}
 	switch {
 	case err == nil:
 		return v, nil

@@ -54,3 +54,16 @@ func BeforeWatch(d *Driver, f func()) {
 
 // LoggerOf returns the Logger d logs to.
 func LoggerOf(d *Driver) *slog.Logger { return d.log }
+
+// InjectFault makes d ask f before each request it sends: doing names the
+// request as its errors do ("deleting the lock key", "reading the lock key
+// after a move", ...; "revoking a lease" for each revoke, with the lease's
+// ID, else id is 0). An error f returns fails the request unsent, as if the
+// cluster had not answered. Nil removes f.
+func InjectFault(d *Driver, f func(doing string, id clientv3.LeaseID) error) {
+	if f == nil {
+		d.fault.Store(nil)
+		return
+	}
+	d.fault.Store(&f)
+}

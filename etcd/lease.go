@@ -48,10 +48,11 @@ func OwnerOf(le *dlock.Lease) (o Ownership, ok bool) {
 type lease struct {
 	w *waiter
 
-	leaseMu sync.Mutex // guards w.id, w.secs, w.ttl, w.anchor and unsettled, changed by Refresh
+	leaseMu sync.Mutex // guards w.el, w.secs, w.ttl, w.anchor and unsettled, changed by Refresh
 	// unsettled are the new leases of moves whose outcome settleMove could
-	// not learn: our key may be on one of them. Release revokes them too.
-	unsettled []*waiter
+	// not learn: our key may be on one of them. Release revokes them too;
+	// Refresh and RefreshBatch settle them first.
+	unsettled []pendingMove
 }
 
 // newLease makes a granted waiter a lease. Its loss is reported by the
@@ -60,6 +61,10 @@ func (d *Driver) newLease(w *waiter) *lease { return &lease{w: w} }
 
 func (l *lease) Token() uint64 { return uint64(l.w.rev) }
 
+// TTL is what the etcd lease lasts from Anchor at least: the TTL the
+// server granted it, or, for a pooled lease handed out without a
+// keepalive, what was left of it (at least nine tenths of its granted
+// TTL).
 func (l *lease) TTL() time.Duration {
 	l.leaseMu.Lock()
 	defer l.leaseMu.Unlock()
@@ -67,8 +72,11 @@ func (l *lease) TTL() time.Duration {
 }
 
 // Anchor is when the request that set the lease's expiry was sent: the
-// grant, the keepalive sent with the put of a pooled lease, or the waiter's
-// last keepalive.
+// grant (of the acquire, or of a move), the keepalive sent with the put of
+// a pooled lease, the waiter's last keepalive, or the last keepalive of
+// Refresh or RefreshBatch; for a pooled lease handed out without a
+// keepalive, when it was handed out (after the acquire began, as
+// backend.Anchored asks; TTL is then what was left).
 func (l *lease) Anchor() time.Time {
 	l.leaseMu.Lock()
 	defer l.leaseMu.Unlock()
@@ -86,18 +94,15 @@ func (l *lease) As(target any) bool {
 	if p, ok := target.(*Ownership); ok {
 		l.leaseMu.Lock()
 		defer l.leaseMu.Unlock()
-		*p = Ownership{Key: l.w.myKey, CreateRevision: l.w.rev, Lease: l.w.id}
+		*p = Ownership{Key: l.w.myKey, CreateRevision: l.w.rev, Lease: l.w.el.id}
 		return true
 	}
 	return false
 }
 
-// owned is the transaction condition "our key is still ours, on the lease
-// we keep alive".
-func (l *lease) owned() []clientv3.Cmp {
-	l.leaseMu.Lock()
-	id := l.w.id
-	l.leaseMu.Unlock()
+// owned is the transaction condition "our key is still ours, on lease id,
+// the one we keep alive".
+func (l *lease) owned(id clientv3.LeaseID) []clientv3.Cmp {
 	return []clientv3.Cmp{
 		clientv3.Compare(clientv3.CreateRevision(l.w.myKey), "=", l.w.rev),
 		clientv3.Compare(clientv3.LeaseValue(l.w.myKey), "=", id),
@@ -110,16 +115,31 @@ func (l *lease) owned() []clientv3.Cmp {
 // transaction that the key is still ours on that lease; for another TTL,
 // it grants a new lease and moves our key onto it in a transaction that
 // checks we still own the key (the key keeps its create revision, so the
-// token does not change), then revokes the old lease.
+// token does not change), then revokes the old lease. If an earlier move's
+// outcome is still unknown (see settleMove), Refresh first reads the key
+// to learn which lease it is on, and keeps that one.
 func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
+	l.leaseMu.Lock()
+	ms := l.unsettled
+	l.unsettled = nil
+	l.leaseMu.Unlock()
+	if len(ms) > 0 {
+		held, err := l.settle(ctx, ms)
+		switch {
+		case err != nil:
+			return 0, err
+		case !held:
+			return 0, fmt.Errorf("%w: etcd: the lock key is gone, or on a lease we do not keep alive", backend.ErrNotHeld)
+		}
+	}
 	secs := ttlSeconds(ttl)
 	l.leaseMu.Lock()
-	same, id := secs == l.w.secs, l.w.id
+	same, el := secs == l.w.secs, l.w.el
 	l.leaseMu.Unlock()
 	d := l.w.d
 	if same {
-		wait := d.ka.start(ctx, []clientv3.LeaseID{id})
-		tr, terr := d.txn(ctx, "checking the lock key", l.owned())
+		wait := d.ka.start(ctx, []clientv3.LeaseID{el.id})
+		tr, terr := d.txn(ctx, "checking the lock key", l.owned(el.id))
 		r := wait()[0]
 		switch {
 		case r.err != nil:
@@ -129,19 +149,28 @@ func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 		case !tr.Succeeded:
 			return 0, fmt.Errorf("%w: etcd: the lock key is gone", backend.ErrNotHeld)
 		}
-		l.renewed(id, r)
+		l.renewed(el, r)
 		return r.ttl, nil
 	}
 	return l.move(ctx, secs)
 }
 
-// renewed records a successful keepalive r of lease id.
-func (l *lease) renewed(id clientv3.LeaseID, r renewal) {
+// renewed records a successful keepalive r of el: the lease lasts r.ttl
+// (the TTL the server granted el) from r.sent.
+func (l *lease) renewed(el *etcdLease, r renewal) {
 	l.leaseMu.Lock()
 	defer l.leaseMu.Unlock()
-	if l.w.id == id {
+	if l.w.el == el {
 		l.w.ttl, l.w.anchor = r.ttl, r.sent
 	}
+}
+
+// pendingMove is the new lease of a move of our key whose outcome is not
+// known: granted for secs asked, the grant sent at sent.
+type pendingMove struct {
+	el   *etcdLease
+	secs int64
+	sent time.Time
 }
 
 // move moves our key to a new lease of secs seconds (Refresh to another
@@ -149,7 +178,7 @@ func (l *lease) renewed(id clientv3.LeaseID, r renewal) {
 func (l *lease) move(ctx context.Context, secs int64) (time.Duration, error) {
 	d := l.w.d
 	l.leaseMu.Lock()
-	id := l.w.id
+	old := l.w.el
 	l.leaseMu.Unlock()
 	sent := time.Now()
 	g, err := call(ctx, d, "granting a lease", func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
@@ -158,8 +187,8 @@ func (l *lease) move(ctx context.Context, secs int64) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	nw := &waiter{d: d, id: g.ID}
-	tr, err := d.txn(ctx, "moving the lock key to a new lease", l.owned(), clientv3.OpPut(l.w.myKey, "", clientv3.WithLease(g.ID)))
+	nw := newEtcdLease(g.ID, time.Duration(g.TTL)*time.Second)
+	tr, err := d.txn(ctx, "moving the lock key to a new lease", l.owned(old.id), clientv3.OpPut(l.w.myKey, "", clientv3.WithLease(nw.id)))
 	if d.afterMove != nil {
 		err = d.afterMove(err)
 	}
@@ -167,16 +196,16 @@ func (l *lease) move(ctx context.Context, secs int64) (time.Duration, error) {
 		// The move may have happened. Find out which lease the key is
 		// on before revoking either (revoking the wrong one would
 		// delete our own lock).
-		l.settleMove(ctx, id, g.ID, secs, time.Duration(g.TTL)*time.Second)
+		l.settleMove(ctx, pendingMove{el: nw, secs: secs, sent: sent})
 		return 0, err
 	}
 	if !tr.Succeeded {
-		nw.revoke(ctx)
+		d.revoke(ctx, nw)
 		return 0, fmt.Errorf("%w: etcd: the lock key is gone", backend.ErrNotHeld)
 	}
-	l.adopt(g.ID, secs, time.Duration(g.TTL)*time.Second, sent)
-	(&waiter{d: l.w.d, id: id}).revoke(ctx) // no key on it now: revoking deletes nothing
-	return time.Duration(g.TTL) * time.Second, nil
+	l.adopt(nw, secs, nw.granted, sent)
+	d.revoke(ctx, old) // no key on it now: revoking deletes nothing
+	return nw.granted, nil
 }
 
 // txn commits If(cmps).Then(then...) within the request timeout.
@@ -186,49 +215,65 @@ func (d *Driver) txn(ctx context.Context, doing string, cmps []clientv3.Cmp, the
 	})
 }
 
-// adopt makes the lease keep id (of secs asked, ttl granted, its expiry set
-// by a request sent at anchor) alive from now on.
-func (l *lease) adopt(id clientv3.LeaseID, secs int64, ttl time.Duration, anchor time.Time) {
+// adopt makes the lease keep el (of secs asked; it lasts ttl from anchor,
+// the sending of the request that set its expiry) alive from now on.
+func (l *lease) adopt(el *etcdLease, secs int64, ttl time.Duration, anchor time.Time) {
 	l.leaseMu.Lock()
 	defer l.leaseMu.Unlock()
-	l.w.id, l.w.secs, l.w.ttl, l.w.anchor = id, secs, ttl, anchor
+	l.w.el, l.w.secs, l.w.ttl, l.w.anchor = el, secs, ttl, anchor
 }
 
-// settleMove resolves a move of our key from lease old to lease nw (of secs
-// asked, granted with ttl) whose outcome is unknown: it reads the key and
-// keeps whichever lease it is on, revoking the other. If it cannot tell,
-// both leases are left to run out and nw is remembered as unsettled, for
-// Release to revoke too; owned() then fails if the key is on nw, so no later
-// Refresh reports a lease it does not keep alive.
-func (l *lease) settleMove(ctx context.Context, old, nw clientv3.LeaseID, secs int64, ttl time.Duration) {
+// settleMove resolves a move of our key to the lease of m whose outcome is
+// unknown (see settle). If it cannot tell, both leases are left to run out
+// and m is remembered as unsettled, for Release to revoke too, and for the
+// next Refresh (or RefreshBatch, which refreshes such a lease on its own)
+// to settle first: no later refresh reports a lease it does not keep
+// alive.
+func (l *lease) settleMove(ctx context.Context, m pendingMove) {
+	_, _ = l.settle(ctx, []pendingMove{m})
+}
+
+// settle reads our key to learn which lease it is on, among the one we
+// keep alive and the new leases of the moves ms, whose outcome was unknown.
+// It keeps that lease (adopting it if it is one of ms: it lasts its
+// granted TTL from its grant's sending) and revokes the others. It reports
+// whether the key is still ours on the lease we now keep alive. If the
+// read fails, it returns its error and ms stay unsettled.
+func (l *lease) settle(ctx context.Context, ms []pendingMove) (bool, error) {
+	d := l.w.d
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	resp, err := l.w.d.client.Get(rctx, l.w.myKey)
+	resp, err := call(rctx, d, "reading the lock key after a move", func(ctx context.Context) (*clientv3.GetResponse, error) {
+		return d.client.Get(ctx, l.w.myKey)
+	})
 	if err != nil {
-		l.setUnsettled(nw, ttl)
-		return
+		l.leaseMu.Lock()
+		l.unsettled = append(l.unsettled, ms...)
+		l.leaseMu.Unlock()
+		return false, err
 	}
-	if len(resp.Kvs) == 1 && resp.Kvs[0].CreateRevision == l.w.rev && clientv3.LeaseID(resp.Kvs[0].Lease) == nw {
-		sent := time.Now()
-		g, err := l.w.d.client.TimeToLive(rctx, nw)
-		if err == nil && g.TTL > 0 {
-			// It lasts g.TTL from sent at least.
-			granted := time.Duration(g.GrantedTTL) * time.Second
-			l.adopt(nw, secs, granted, sent.Add(time.Duration(g.TTL)*time.Second-granted))
-			(&waiter{d: l.w.d, id: old}).revoke(ctx)
-			return
-		}
-		l.setUnsettled(nw, ttl)
-		return
+	var on clientv3.LeaseID
+	if len(resp.Kvs) == 1 && resp.Kvs[0].CreateRevision == l.w.rev {
+		on = clientv3.LeaseID(resp.Kvs[0].Lease)
 	}
-	(&waiter{d: l.w.d, id: nw}).revoke(ctx)
-}
-
-// setUnsettled records nw (granted with ttl) as a lease our key may be on.
-func (l *lease) setUnsettled(nw clientv3.LeaseID, ttl time.Duration) {
 	l.leaseMu.Lock()
-	defer l.leaseMu.Unlock()
-	l.unsettled = append(l.unsettled, &waiter{d: l.w.d, id: nw, ttl: ttl})
+	cur := l.w.el
+	l.leaseMu.Unlock()
+	held := on != 0 && on == cur.id
+	var revoke []*etcdLease
+	for _, m := range ms {
+		if on != 0 && m.el.id == on {
+			l.adopt(m.el, m.secs, m.el.granted, m.sent)
+			revoke = append(revoke, cur)
+			held = true
+			continue
+		}
+		revoke = append(revoke, m.el) // no key of ours on it
+	}
+	for _, el := range revoke {
+		d.revoke(ctx, el)
+	}
+	return held, nil
 }
 
 // Release deletes our key if it is still ours (a transaction on its create
@@ -242,7 +287,9 @@ func (l *lease) setUnsettled(nw clientv3.LeaseID, ttl time.Duration) {
 // context of their own, deletes the key anyway: the lock is freed at once
 // instead of staying held for the rest of the TTL. Release then still
 // returns the delete's error. An unsettled lease (see settleMove) is
-// revoked too.
+// revoked too. A lease that a revoke was started for never goes back to
+// the pool: a Release after a failed one deletes the key, if it is still
+// there, and leaves the lease to that revoke.
 func (l *lease) Release(ctx context.Context) error {
 	d := l.w.d
 	l.w.reg.stop() // our own delete is not a loss
@@ -250,27 +297,26 @@ func (l *lease) Release(ctx context.Context) error {
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(l.w.myKey), "=", l.w.rev)},
 		clientv3.OpDelete(l.w.myKey))
 	l.leaseMu.Lock()
-	w := &waiter{d: d, id: l.w.id, ttl: l.w.ttl}
-	secs, anchor := l.w.secs, l.w.anchor
+	el, secs, ttl, anchor := l.w.el, l.w.secs, l.w.ttl, l.w.anchor
 	unsettled := l.unsettled
 	l.unsettled = nil
 	l.leaseMu.Unlock()
 	if err == nil && len(unsettled) == 0 {
 		if !tr.Succeeded {
-			d.revokeLater(w.id)
+			d.revokeLater(el)
 			return fmt.Errorf("%w: etcd: the lock key is gone", backend.ErrNotHeld)
 		}
-		d.recycle(secs, w.id, w.ttl, anchor.Add(w.ttl))
+		d.recycle(secs, el, anchor.Add(ttl)) // unless el is being revoked
 		return nil
 	}
 	// The revokes ignore ctx's end; the only key on any of these leases
 	// is ours. They run at once, so that a failed Release still takes
 	// at most cleanupTimeout more.
 	var wg sync.WaitGroup
-	for _, un := range unsettled {
-		wg.Go(func() { un.revoke(ctx) })
+	for _, m := range unsettled {
+		wg.Go(func() { d.revoke(ctx, m.el) })
 	}
-	w.revoke(ctx)
+	d.revoke(ctx, el)
 	wg.Wait()
 	if err != nil {
 		return err
@@ -288,14 +334,16 @@ func (l *lease) Release(ctx context.Context) error {
 // finds it gone fails with ErrNotHeld, and so does one whose key the
 // Driver's prefix watch has seen deleted; while that watch is not in force
 // (it broke and is being made again), the keys are read instead, in
-// transactions of up to 100 reads. A request for another TTL moves the key
-// to a new lease, as Refresh does.
+// transactions of up to 100 reads. A request for another TTL, and one for
+// a lease with a move of unknown outcome (whose key may be on another
+// lease, which no delete would show), goes through Refresh on its own.
 func (d *Driver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest) {
 	var (
 		idx []int
-		ids []clientv3.LeaseID
+		els []*etcdLease
 		ls  []*lease
 	)
+	alone := make([]bool, len(reqs))
 	for i := range reqs {
 		l, ok := reqs[i].Lease.(*lease)
 		if !ok || l.w.d != d {
@@ -304,14 +352,19 @@ func (d *Driver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest
 		}
 		secs := ttlSeconds(reqs[i].TTL)
 		l.leaseMu.Lock()
-		same, id := secs == l.w.secs, l.w.id
+		same, el, unsettled := secs == l.w.secs, l.w.el, len(l.unsettled) > 0
 		l.leaseMu.Unlock()
-		if !same {
-			continue // moved below
+		if !same || unsettled {
+			alone[i] = true
+			continue
 		}
-		idx, ids, ls = append(idx, i), append(ids, id), append(ls, l)
+		idx, els, ls = append(idx, i), append(els, el), append(ls, l)
 	}
-	if len(ids) > 0 {
+	if len(els) > 0 {
+		ids := make([]clientv3.LeaseID, len(els))
+		for j, el := range els {
+			ids[j] = el.id
+		}
 		wait := d.ka.start(ctx, ids)
 		var gone map[*lease]bool
 		var gerr error
@@ -329,17 +382,15 @@ func (d *Driver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest
 			case gone[l] || l.w.reg.isLost():
 				reqs[i].Err = fmt.Errorf("%w: etcd: the lock key is gone", backend.ErrNotHeld)
 			default:
-				l.renewed(ids[j], r)
+				l.renewed(els[j], r)
 				reqs[i].Granted = r.ttl
 			}
 		}
 	}
 	for i := range reqs {
-		if reqs[i].Err != nil || reqs[i].Granted != 0 {
-			continue
+		if alone[i] {
+			reqs[i].Granted, reqs[i].Err = reqs[i].Lease.Refresh(ctx, reqs[i].TTL)
 		}
-		l := reqs[i].Lease.(*lease)
-		reqs[i].Granted, reqs[i].Err = l.move(ctx, ttlSeconds(reqs[i].TTL))
 	}
 }
 
