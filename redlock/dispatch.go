@@ -132,7 +132,9 @@ func (p *dispatcher) work() {
 // send runs batch as one pipeline, cut at the latest of the calls'
 // deadlines (a call answered after its own deadline has been counted as
 // failed by its round already, which then handles the late reply). Calls
-// already past their deadline fail without being sent.
+// already past their deadline fail without being sent. A call cut by the
+// deadline fails with a *nodeTimeoutError: the deadline is the Driver's,
+// never the caller's.
 func (p *dispatcher) send(batch []*call) {
 	now := time.Now()
 	live := batch[:0:0]
@@ -142,7 +144,7 @@ func (p *dispatcher) send(batch []*call) {
 			c.deadline = now.Add(c.timeout)
 		}
 		if !now.Before(c.deadline) {
-			c.done(reply{err: fmt.Errorf("node %d: queued past the per-node timeout: %w", p.node, context.DeadlineExceeded)})
+			c.done(reply{err: &nodeTimeoutError{msg: fmt.Sprintf("node %d: queued past the per-node timeout %v", p.node, c.timeout)}})
 			continue
 		}
 		live = append(live, c)
@@ -157,7 +159,8 @@ func (p *dispatcher) send(batch []*call) {
 	defer cancel()
 	if len(live) == 1 {
 		c := live[0]
-		c.done(c.parse(c.script.Run(ctx, p.c, c.keys, c.args...).Result()))
+		v, err := c.script.Run(ctx, p.c, c.keys, c.args...).Result()
+		c.done(c.parse(v, ownTimeout(nil, err, "the per-node timeout "+c.timeout.String())))
 		return
 	}
 	// A call answered NOSCRIPT (the node lost its scripts, or has only
@@ -193,7 +196,7 @@ func (p *dispatcher) send(batch []*call) {
 			// The node lost its scripts (a restart): EVAL loads it.
 			v, err = c.script.Eval(ctx, p.c, c.keys, c.args...).Result()
 		}
-		c.done(c.parse(v, err))
+		c.done(c.parse(v, ownTimeout(nil, err, "the per-node timeout "+c.timeout.String())))
 	}
 }
 

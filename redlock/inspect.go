@@ -29,8 +29,9 @@ func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, err
 	lk := d.keys(key)[0]
 	snaps := make([]redisscript.Snapshot, len(d.nodes))
 	errs := make([]error, len(d.nodes))
-	d.eachNode(ctx, func(ctx context.Context, i int) {
-		snaps[i], errs[i] = redisscript.Inspect(ctx, d.nodes[i], lk)
+	d.eachNode(ctx, errs, func(ctx context.Context, i int) (err error) {
+		snaps[i], err = redisscript.Inspect(ctx, d.nodes[i], lk)
+		return err
 	})
 	failed := 0
 	var firstErr error
@@ -75,8 +76,9 @@ func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, err
 func (d *Driver) Keys(ctx context.Context, limit int) ([]string, error) {
 	found := make([][]string, len(d.nodes))
 	errs := make([]error, len(d.nodes))
-	d.eachNode(ctx, func(ctx context.Context, i int) {
-		found[i], errs[i] = redisscript.LockKeys(ctx, d.nodes[i], d.prefix, limit)
+	d.eachNode(ctx, errs, func(ctx context.Context, i int) (err error) {
+		found[i], err = redisscript.LockKeys(ctx, d.nodes[i], d.prefix, limit)
+		return err
 	})
 	seen := map[string]bool{}
 	var keys []string
@@ -99,14 +101,17 @@ func (d *Driver) Keys(ctx context.Context, limit int) ([]string, error) {
 }
 
 // eachNode calls f for every node at once, each with ctx bounded by
-// inspectTimeout, and returns when all have returned.
-func (d *Driver) eachNode(ctx context.Context, f func(ctx context.Context, i int)) {
+// inspectTimeout, and returns when all have returned. f returns its
+// node's error, which is kept in errs[i] (a node cut by inspectTimeout
+// while ctx lasts fails with a *nodeTimeoutError, not
+// context.DeadlineExceeded: see ownTimeout).
+func (d *Driver) eachNode(ctx context.Context, errs []error, f func(ctx context.Context, i int) error) {
 	var wg sync.WaitGroup
 	for i := range d.nodes {
 		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(ctx, d.inspectTimeout())
+			nctx, cancel := context.WithTimeout(ctx, d.inspectTimeout())
 			defer cancel()
-			f(ctx, i)
+			errs[i] = ownTimeout(ctx, f(nctx, i), "the inspect timeout "+d.inspectTimeout().String())
 		})
 	}
 	wg.Wait()

@@ -2,6 +2,7 @@ package redlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -131,7 +132,42 @@ func cutErr(ctx context.Context, timeout time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("no answer before the attempt ended: %w", err)
 	}
-	return fmt.Errorf("no answer within the per-node timeout %v: %w", timeout, context.DeadlineExceeded)
+	return &nodeTimeoutError{msg: fmt.Sprintf("no answer within the per-node timeout %v", timeout)}
+}
+
+// nodeTimeoutError is a node's failure to answer within a timeout of the
+// Driver's own (the per-node timeout). It does not match
+// context.DeadlineExceeded: a caller who tests for that asks whether their
+// own context's deadline passed, and it had not (when it had, the errors
+// wrap ctx.Err()). Its Timeout method reports true, as net.Error's does.
+type nodeTimeoutError struct{ msg string }
+
+func (e *nodeTimeoutError) Error() string { return e.msg }
+
+// Timeout reports true: the node did not answer in time.
+func (e *nodeTimeoutError) Timeout() bool { return true }
+
+// ownTimeout returns a node's error err as the Driver reports it: an error
+// that matches context.DeadlineExceeded while callerCtx has not ended came
+// from a timeout of the Driver's own (go-redis returns the context's error,
+// or a dial's net timeout, which matches it too), and becomes a
+// *nodeTimeoutError saying so ("no answer within " + within, and err's
+// text): err's chain is dropped, since nothing in it can be kept without
+// the match. Other errors are returned as they are. callerCtx is nil where
+// no caller's context reaches the call (the per-node dispatchers run on
+// their own contexts).
+func ownTimeout(callerCtx context.Context, err error, within string) error {
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	if callerCtx != nil && callerCtx.Err() != nil {
+		return err
+	}
+	var nt *nodeTimeoutError
+	if errors.As(err, &nt) {
+		return err
+	}
+	return &nodeTimeoutError{msg: fmt.Sprintf("no answer within %s (%v)", within, err)}
 }
 
 // leave hands the replies not yet read to late (called once per reply,

@@ -77,7 +77,7 @@ func (d *Driver) Watch(ctx context.Context, key string) (<-chan struct{}, func()
 				w.stop()
 				return nil, nil, backend.ErrClosed
 			}
-			errs = append(errs, fmt.Errorf("node %d: %w", r.node, r.err))
+			errs = append(errs, fmt.Errorf("node %d: %w", r.node, ownTimeout(ctx, r.err, "the watch timeout "+d.watchTimeout().String())))
 		case <-timer.C:
 			errs = append(errs, fmt.Errorf("%d nodes did not confirm within %v", len(d.nodes)-ok-failed, d.watchTimeout()))
 			failed = len(d.nodes) - ok
