@@ -67,10 +67,8 @@
 //   - A TTL may not exceed the granted session timeout (ErrInvalidTTL;
 //     the bound is read when the Locker is made: a server whose
 //     maxSessionTimeout is lowered later needs new Lockers).
-//     This keeps Lease.Deadline safe: the session cannot expire before it,
-//     because the server counts the session timeout from our last request,
-//     which is never earlier than the acquire or refresh the deadline is
-//     counted from.
+//     See "How long the session lives" below for what this bound does and
+//     does not guarantee.
 //   - A lease not refreshed within its TTL is given up by the holder itself:
 //     the driver deletes its node when the TTL runs out (a live client's
 //     pings would otherwise keep it forever).
@@ -116,6 +114,44 @@
 // on the same connection: one read each, in parallel, then none until the
 // next reconnect. Refresh fails at once with ErrUnavailable while
 // disconnected, or when the connection changed during the probe.
+//
+// # How long the session lives
+//
+// What the server does (ZooKeeper 3.8's source): only the leader expires
+// sessions (SessionTrackerImpl). A "touch" of a session at leader time t
+// puts it in the expiry bucket roundToNextInterval(t + timeout), the next
+// multiple of tickTime strictly after t + timeout, and the expirer expires
+// a bucket once its time has come: rounded up, never down, so a session
+// lives at least its timeout after the leader's last touch of it. The
+// leader touches a session when a client connected to the leader itself
+// sends a request (ping included), when it creates the session, and when a
+// client reconnecting through a follower has it revalidated (REVALIDATE).
+// A request sent to a follower touches only the follower's table of
+// touched sessions (LearnerSessionTracker); the follower passes that
+// table on in its reply to the leader's next PING, which the leader sends
+// to each follower every tickTime/2 (Leader.lead), and the leader touches
+// each session listed when the reply arrives. Writes and syncs that a
+// follower forwards to the leader do not touch the session there
+// (LeaderZooKeeperServer.submitLearnerRequest goes straight to the
+// PrepRequestProcessor, which only checks that the session is not
+// closing).
+//
+// So a request's touch reaches the leader later than the request, which
+// makes the session live longer, not shorter, as long as the follower
+// passes it on. The bound is broken only when it never does: a follower
+// cut off from the leader (or dying) just after answering a create or a
+// sync, before its next PING reply. The leader then counts the timeout
+// from the last touch the follower did pass on, which can be a tick
+// (tickTime/2 for the PING plus its delivery) and the client's idle gap
+// (go-zookeeper pings every third of the session timeout) older than the
+// request the Deadline is counted from. A Deadline counted from that
+// request with a TTL close to the session timeout can then be later than
+// the session's expiry, by up to about a third of the timeout plus a tick.
+// Today's TTL bound (the session timeout) does not allow for that: keep
+// the TTL at most two thirds of the session timeout less a tick (the
+// default TTL of 30s on the default 40s session does not), until the
+// driver bounds the Deadline by the last touch known to have reached the
+// leader (issue 20, 2d).
 //
 // # Failures
 //
