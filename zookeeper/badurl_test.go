@@ -38,13 +38,20 @@ var badURLs = []urltest.Case{
 	{URL: "zk://ADDR?session_timeout=1ns", Want: dlock.ErrInvalidConfig, Text: `session_timeout="1ns"`},
 	{URL: "zk://ADDR?session_timeout=999us", Want: dlock.ErrInvalidConfig, Text: `session_timeout="999us"`},
 	{URL: "zk://ADDR?session_timeout=10000h", Want: dlock.ErrInvalidConfig, Text: `session_timeout="10000h"`},
-	{URL: "zk://ADDR?bogus=1", Want: dlock.ErrInvalidConfig, Text: `unknown parameter "bogus" (known: dial_timeout, session_timeout, ttl)`},
+	// tick_time is the servers' tickTime: whole milliseconds in an int.
+	{URL: "zk://ADDR?tick_time=0", Want: dlock.ErrInvalidConfig, Text: `tick_time="0"`},
+	{URL: "zk://ADDR?tick_time=-2s", Want: dlock.ErrInvalidConfig, Text: `tick_time="-2s"`},
+	{URL: "zk://ADDR?tick_time=999us", Want: dlock.ErrInvalidConfig, Text: `tick_time="999us"`},
+	{URL: "zk://ADDR?tick_time=10000h", Want: dlock.ErrInvalidConfig, Text: `tick_time="10000h"`},
+	{URL: "zk://ADDR?tick_time=2", Want: dlock.ErrInvalidConfig, Text: `tick_time="2"`},
+	{URL: "zk://ADDR?tick_time=", Want: dlock.ErrInvalidConfig, Text: "tick_time"},
+	{URL: "zk://ADDR?bogus=1", Want: dlock.ErrInvalidConfig, Text: `unknown parameter "bogus" (known: dial_timeout, session_timeout, tick_time, ttl)`},
 }
 
 func TestOpenBadURLs(t *testing.T) { urltest.Rejected(t, badURLs) }
 
 func FuzzOpenURLZooKeeper(f *testing.F) {
-	s := []string{"zk://ADDR/locks/x?ttl=5s&session_timeout=30s&dial_timeout=1s", "zk://u:p@ADDR"}
+	s := []string{"zk://ADDR/locks/x?ttl=5s&session_timeout=30s&tick_time=2s&dial_timeout=1s", "zk://u:p@ADDR"}
 	for _, c := range badURLs {
 		s = append(s, c.URL)
 	}

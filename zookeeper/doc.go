@@ -58,17 +58,22 @@
 // process dies or is cut off, the server deletes its lock nodes when the
 // session expires, a session timeout after it last heard from the client.
 // The server negotiates that timeout within its bounds (by default 2 to 20
-// ticks, 4s to 40s); [Driver.SessionTimeout] and the Locker's
-// Limits().MaxTTL report the value granted.
+// ticks, 4s to 40s); [Driver.SessionTimeout] reports the value granted.
 //
-// The TTL of a lease is client-enforced within that bound, so that the lock
-// means the same as on every dlock backend:
+// The TTL of a lease is client-enforced within a bound set by that
+// timeout, so that the lock means the same as on every dlock backend:
 //
-//   - A TTL may not exceed the granted session timeout (ErrInvalidTTL;
-//     the bound is read when the Locker is made: a server whose
-//     maxSessionTimeout is lowered later needs new Lockers).
-//     See "How long the session lives" below for what this bound does and
-//     does not guarantee.
+//   - A TTL may not exceed two thirds of the granted session timeout less
+//     the servers' tickTime (Options.TickTime, URL parameter tick_time,
+//     default 2s), which the Locker's Limits().MaxTTL reports; "How long
+//     the session lives" below says why. A longer TTL fails with
+//     ErrInvalidTTL before any I/O, and the Locker's default TTL is that
+//     bound when it is below dlock.DefaultTTL: on the default 40s session
+//     and 2s tick, 40s - 40s/3 - 2s, about 24.67s. A session timeout too
+//     short for the tick (a bound below dlock.MinTTL) makes New or Open
+//     fail with ErrInvalidConfig. The bound is read when the Locker is
+//     made: a server whose maxSessionTimeout is lowered later needs new
+//     Lockers.
 //   - A lease not refreshed within its TTL is given up by the holder itself:
 //     the driver deletes its node when the TTL runs out (a live client's
 //     pings would otherwise keep it forever).
@@ -138,20 +143,25 @@
 //
 // So a request's touch reaches the leader later than the request, which
 // makes the session live longer, not shorter, as long as the follower
-// passes it on. The bound is broken only when it never does: a follower
-// cut off from the leader (or dying) just after answering a create or a
-// sync, before its next PING reply. The leader then counts the timeout
-// from the last touch the follower did pass on, which can be a tick
-// (tickTime/2 for the PING plus its delivery) and the client's idle gap
-// (go-zookeeper pings every third of the session timeout) older than the
-// request the Deadline is counted from. A Deadline counted from that
-// request with a TTL close to the session timeout can then be later than
-// the session's expiry, by up to about a third of the timeout plus a tick.
-// Today's TTL bound (the session timeout) does not allow for that: keep
-// the TTL at most two thirds of the session timeout less a tick (the
-// default TTL of 30s on the default 40s session does not), until the
-// driver bounds the Deadline by the last touch known to have reached the
-// leader (issue 20, 2d).
+// passes it on. It may never do so: a follower cut off from the leader (or
+// dying) just after answering a create or a sync, before its next PING
+// reply. The leader then counts the timeout from the last touch the
+// follower did pass on, which can be a tick (tickTime/2 for the PING plus
+// its delivery) and the client's idle gap (go-zookeeper pings on a ticker
+// every third of the session timeout, whatever else it sends) older than
+// the request the Deadline is counted from. With a TTL up to the session
+// timeout, a Deadline could then be later than the session's expiry by
+// up to about a third of the timeout plus a tick.
+//
+// Hence the TTL bound: a TTL of at most timeout - timeout/3 - tickTime
+// keeps every Deadline (the request's sending plus the TTL, less the
+// drift margin) before the leader's expiry of the session, counted from
+// the older touch. The driver does not know the servers' tickTime: it
+// takes Options.TickTime (default 2s, ZooKeeper's default), so set it if
+// yours differ; a value smaller than the servers' is unsafe. No test
+// here reproduces the hazard itself: it needs a follower cut off from the
+// leader in the window between answering a request and its next PING
+// reply (under a tick), which a test cannot hit on purpose.
 //
 // # Failures
 //
@@ -213,7 +223,7 @@
 //
 // # URL
 //
-//	zk://[user:password@]host1:2181,host2:2181[/prefix]?session_timeout=30s&ttl=20s
+//	zk://[user:password@]host1:2181,host2:2181[/prefix]?session_timeout=30s&ttl=15s
 //
 // The path is the prefix znode (default /dlock), created if missing: no
 // empty, "." or ".." element, no NUL or other character ZooKeeper refuses,
@@ -221,8 +231,9 @@
 // 65535 (default 2181). user:password turns on digest authentication: nodes
 // are then created with an ACL for that identity only. Parameters: ttl
 // (every backend), session_timeout (default 40s; from 1ms to 2^31-1 ms,
-// what go-zookeeper can send) and dial_timeout (default
-// 5s): the bound on Open's wait for a session; when it runs out the client
+// what go-zookeeper can send), tick_time (the servers' tickTime, default
+// 2s, from 1ms to 2^31-1 ms; see "How long the session lives") and
+// dial_timeout (default 5s): the bound on Open's wait for a session; when it runs out the client
 // is closed (no reconnect loop left) and the error carries the last dial
 // error. Bad values and unknown parameters are errors wrapping
 // [backend.ErrInvalidConfig], before any I/O.

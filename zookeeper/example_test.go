@@ -45,7 +45,7 @@ func ExampleNew() {
 	}
 	defer locker.Close() // ends the session, which deletes its lock nodes
 
-	lease, err := locker.Acquire(ctx, "orders/42", &dlock.AcquireOptions{TTL: 20 * time.Second, AutoRefresh: true})
+	lease, err := locker.Acquire(ctx, "orders/42", &dlock.AcquireOptions{TTL: 15 * time.Second, AutoRefresh: true})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func ExampleNew() {
 	if err := lease.Release(ctx); err != nil {
 		log.Fatal(err)
 	}
-	lease, err = locker.Acquire(ctx, "orders/42", &dlock.AcquireOptions{TTL: 20 * time.Second})
+	lease, err = locker.Acquire(ctx, "orders/42", &dlock.AcquireOptions{TTL: 15 * time.Second})
 	if err != nil {
 		log.Fatal(err)
 	}

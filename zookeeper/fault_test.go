@@ -319,7 +319,8 @@ func TestSessionExpired(t *testing.T) {
 	b := newLocker(t, srv, nil)
 	key := uniqueKey(t)
 
-	la, err := a.Acquire(t.Context(), key, &dlock.AcquireOptions{TTL: 2 * time.Second, AutoRefresh: true, MaxHold: time.Minute})
+	// TTL 1s: the bound on a 2s session is 2s - 2s/3 - 200ms.
+	la, err := a.Acquire(t.Context(), key, &dlock.AcquireOptions{TTL: time.Second, AutoRefresh: true, MaxHold: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

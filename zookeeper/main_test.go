@@ -19,10 +19,15 @@ import (
 
 func TestMain(m *testing.M) { startExampleServers(); servers.Main(m) }
 
-// testSession is the session timeout of the tests' Lockers: above the
-// longest lease the conformance suite asks for (a minute). The test servers
-// allow up to two minutes.
-const testSession = 90 * time.Second
+// testSession is the session timeout of the tests' Lockers: its TTL bound
+// (100s - 100s/3 - testTick, about 66.47s) is above the longest lease the
+// conformance suite asks for (a minute). The test servers allow up to two
+// minutes.
+const testSession = 100 * time.Second
+
+// testTick is the test servers' tickTime (conformance/servers), the
+// Lockers' Options.TickTime unless a test sets its own.
+const testTick = 200 * time.Millisecond
 
 // quiet discards the client's log lines (connection churn in fault tests).
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -39,11 +44,14 @@ func newLocker(tb testing.TB, srv []string, opts *zookeeper.Options) *dlock.Lock
 }
 
 func openLocker(ctx context.Context, srv []string, opts *zookeeper.Options) (*dlock.Locker, error) {
-	o := zookeeper.Options{SessionTimeout: testSession}
+	o := zookeeper.Options{SessionTimeout: testSession, TickTime: testTick}
 	if opts != nil {
 		o = *opts
 		if o.SessionTimeout == 0 {
 			o.SessionTimeout = testSession
+		}
+		if o.TickTime == 0 {
+			o.TickTime = testTick
 		}
 	}
 	lo := dlock.Options{Logger: quiet}

@@ -21,11 +21,12 @@ func init() {
 
 // URLOpener opens zk:// URLs:
 //
-//	zk://[user:password@]host1:2181,host2:2181[/prefix]?session_timeout=30s&ttl=20s
+//	zk://[user:password@]host1:2181,host2:2181[/prefix]?session_timeout=30s&ttl=15s
 //
 // The path is the prefix znode (default /dlock). user:password turns on
 // digest authentication. Parameters: ttl (every backend), session_timeout
-// (default 40s), dial_timeout (default 5s; the bound on the wait for a
+// (default 40s), tick_time (the servers' tickTime, default 2s; see
+// Options.TickTime), dial_timeout (default 5s; the bound on the wait for a
 // session). The package registers a zero URLOpener on
 // dlock.DefaultURLMux; register one of your own on a dlock.URLMux to open
 // URLs with your own Logger or Options (Options.Dialer opens the
@@ -180,7 +181,16 @@ func parseURLTimeout(u *url.URL, base Options) ([]string, *Options, time.Duratio
 		}
 		o.SessionTimeout = t
 	}
-	if err := urlparam.NoneLeft(q, "ttl", "session_timeout", "dial_timeout"); err != nil {
+	if v, ok, err := urlparam.Take(q, "tick_time"); err != nil {
+		return nil, nil, 0, err
+	} else if ok {
+		t, err := time.ParseDuration(v)
+		if err != nil || t < minTickTime || t > maxTickTime {
+			return nil, nil, 0, bad("parameter tick_time=%q: want the servers' tickTime, a duration from %v to %v, such as 2s", v, minTickTime, maxTickTime)
+		}
+		o.TickTime = t
+	}
+	if err := urlparam.NoneLeft(q, "ttl", "session_timeout", "tick_time", "dial_timeout"); err != nil {
 		return nil, nil, 0, urlparam.In("zookeeper", err)
 	}
 	return servers, &o, dialTimeout, nil

@@ -331,15 +331,15 @@ func harnessFor(t *testing.T, srv []string) *harness {
 }
 
 // TestManyLeasesRefreshed: 10,000 auto-refreshed leases on one Locker, TTL
-// 3s on a session of 4s (the server's floor), are all kept for three
-// TTLs: none is lost.
+// 3s on a session of 5s (whose TTL bound is 5s - 5s/3 - 200ms, about
+// 3.13s), are all kept for three TTLs: none is lost.
 func TestManyLeasesRefreshed(t *testing.T) {
 	if testing.Short() {
 		t.Skip("10,000 leases: not in -short")
 	}
 	const n, workers = 10000, 16
 	srv := servers.ZooKeeper(t, 1).Servers()
-	l := newLocker(t, srv, &zookeeper.Options{SessionTimeout: 4 * time.Second})
+	l := newLocker(t, srv, &zookeeper.Options{SessionTimeout: 5 * time.Second})
 	key := uniqueKey(t)
 	ao := &dlock.AcquireOptions{TTL: 3 * time.Second, AutoRefresh: true, MaxHold: 10 * time.Minute}
 	leases := make([]*dlock.Lease, n)

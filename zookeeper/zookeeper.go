@@ -35,6 +35,8 @@ var (
 const (
 	DefaultPrefix         = "/dlock"
 	DefaultSessionTimeout = 40 * time.Second
+	// DefaultTickTime is ZooKeeper's default tickTime.
+	DefaultTickTime = 2 * time.Second
 )
 
 // The session timeouts go-zookeeper can ask for: it sends a whole number of
@@ -44,6 +46,13 @@ const (
 const (
 	minSessionTimeout = time.Millisecond
 	maxSessionTimeout = math.MaxInt32 * time.Millisecond
+)
+
+// The tickTimes Options.TickTime accepts: ZooKeeper's is a whole number of
+// milliseconds in an int.
+const (
+	minTickTime = time.Millisecond
+	maxTickTime = math.MaxInt32 * time.Millisecond
 )
 
 // protectedPrefix marks a lock node created in protection mode: its name is
@@ -79,8 +88,16 @@ type Options struct {
 	// may negotiate it down (its maxSessionTimeout) or up. Default
 	// DefaultSessionTimeout (40s, the maximum of a default server); from
 	// 1ms to 2^31-1 ms (about 596h), what the client library can send.
-	// Lease TTLs may not exceed the negotiated value; see the package doc.
+	// Lease TTLs may not exceed two thirds of the negotiated value less
+	// TickTime; see "How long the session lives" in the package doc.
 	SessionTimeout time.Duration
+	// TickTime is the servers' tickTime: set it if yours differ from
+	// ZooKeeper's default. Default DefaultTickTime (2s); from 1ms to
+	// 2^31-1 ms. It enters the bound on lease TTLs (Limits().MaxTTL is
+	// the negotiated session timeout less a third of it, less TickTime):
+	// a value smaller than the servers' tickTime is unsafe, a larger one
+	// only shortens the longest TTL.
+	TickTime time.Duration
 	// Auth, if set, is "user:password" for ZooKeeper digest
 	// authentication; lock nodes are then created with an ACL that grants
 	// access to that identity only.
@@ -106,8 +123,9 @@ type Driver struct {
 	acl     []zk.ACL
 	log     *slog.Logger
 
-	negotiated atomic.Int64 // session timeout the server granted, in ms
-	hosts      atomic.Int64 // server addresses the client cycles through
+	negotiated atomic.Int64  // session timeout the server granted, in ms
+	tick       time.Duration // the servers' tickTime (Options.TickTime)
+	hosts      atomic.Int64  // server addresses the client cycles through
 
 	// The connection's state, for waiters and retries: whether the
 	// session is connected, since when it is not, how many servers the
@@ -141,12 +159,14 @@ type Driver struct {
 
 // New connects to the ensemble (servers are host:port), waits for a session,
 // creates the prefix node if it is missing, and returns a Locker configured
-// by opts.Locker (its default TTL is the granted session timeout if that is
-// shorter than dlock.DefaultTTL; see dlock.Options.TTL), whose Logger the
-// backend logs to as well. Closing the Locker closes the session, which
-// deletes every lock node it still owns. Errors wrap
-// [backend.ErrInvalidConfig] (bad options, opts.Locker included, before any
-// I/O) or [backend.ErrUnavailable].
+// by opts.Locker (its default TTL is Limits().MaxTTL if that is shorter
+// than dlock.DefaultTTL, as on the default 40s session and 2s tick, where
+// it is about 24.67s; see dlock.Options.TTL), whose Logger the backend logs
+// to as well. Closing the Locker closes the session, which deletes every
+// lock node it still owns. Errors wrap [backend.ErrInvalidConfig] (bad
+// options, opts.Locker included, before any I/O; or a granted session
+// timeout too short for the tick, see [Driver.Limits]) or
+// [backend.ErrUnavailable].
 func New(ctx context.Context, servers []string, opts *Options) (*dlock.Locker, error) {
 	var lo *dlock.Options
 	if opts != nil {
@@ -167,6 +187,9 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 	if o.SessionTimeout == 0 {
 		o.SessionTimeout = DefaultSessionTimeout
 	}
+	if o.TickTime == 0 {
+		o.TickTime = DefaultTickTime
+	}
 	log := slog.Default()
 	if o.Locker != nil && o.Locker.Logger != nil {
 		log = o.Locker.Logger
@@ -178,6 +201,8 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 		return nil, fmt.Errorf("%w: zookeeper: negative SessionTimeout %v", backend.ErrInvalidConfig, o.SessionTimeout)
 	case o.SessionTimeout < minSessionTimeout || o.SessionTimeout > maxSessionTimeout:
 		return nil, fmt.Errorf("%w: zookeeper: SessionTimeout %v: want %v up to %v", backend.ErrInvalidConfig, o.SessionTimeout, minSessionTimeout, maxSessionTimeout)
+	case o.TickTime < minTickTime || o.TickTime > maxTickTime:
+		return nil, fmt.Errorf("%w: zookeeper: TickTime %v: want the servers' tickTime, %v up to %v", backend.ErrInvalidConfig, o.TickTime, minTickTime, maxTickTime)
 	case checkPrefix(o.Prefix) != nil:
 		return nil, checkPrefix(o.Prefix)
 	case o.Auth != "" && !strings.Contains(o.Auth, ":"):
@@ -189,7 +214,7 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 		}
 	}
 
-	d := &Driver{prefix: o.Prefix, servers: len(servers), log: log, acl: zk.WorldACL(zk.PermAll),
+	d := &Driver{prefix: o.Prefix, servers: len(servers), tick: o.TickTime, log: log, acl: zk.WorldACL(zk.PermAll),
 		linkDown: time.Now(), linkChanged: make(chan struct{}),
 		leases: make(map[string]*lease), wake: make(chan struct{}, 1)}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
@@ -262,10 +287,26 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 		}
 		d.acl = zk.AuthACL(zk.PermAll)
 	}
+	if err := d.checkSession(); err != nil {
+		return fail(err)
+	}
 	if err := d.ensurePath(ctx, d.prefix); err != nil {
 		return fail(err)
 	}
 	return d, nil
+}
+
+// checkSession refuses a granted session timeout that leaves no TTL of at
+// least dlock.MinTTL under the bound (see [Driver.Limits]).
+func (d *Driver) checkSession() error {
+	timeout := d.SessionTimeout()
+	if bound := maxTTL(timeout, d.tick); bound < dlock.MinTTL {
+		return fmt.Errorf("%w: zookeeper: the session timeout granted, %v, is too short for a tick of %v: "+
+			"the longest safe TTL, %v less a third of it less a tick, is %v, below dlock's floor of %v "+
+			"(ask for a longer SessionTimeout, or set TickTime to the servers' tickTime if it is shorter)",
+			backend.ErrInvalidConfig, timeout, d.tick, timeout, bound, dlock.MinTTL)
+	}
+	return nil
 }
 
 // timeoutConn records the session timeout the server negotiated, which the
@@ -405,14 +446,31 @@ func (d *Driver) SessionTimeout() time.Duration {
 // ValidateKey accepts every key the dlock layer accepts: keys are encoded.
 func (d *Driver) ValidateKey(string) error { return nil }
 
-// Limits: a lease may not outlast the session timeout the server granted
-// (see the package doc).
+// Limits: a lease's TTL may not exceed the negotiated session timeout less
+// a third of it (the longest gap between the client's requests) less the
+// servers' tickTime (Options.TickTime), so that its Deadline comes before
+// the session's expiry even when the last touch of the session the leader
+// heard of is a request older than the one the Deadline counts from (see
+// "How long the session lives" in the package doc). On the default 40s
+// session and 2s tick that is about 24.67s.
 func (d *Driver) Limits() backend.Limits {
-	return backend.Limits{MaxTTL: d.SessionTimeout()}
+	// Never 0, which would mean no limit (a server that negotiates a
+	// shorter timeout after a reconnect): at worst every TTL is refused.
+	return backend.Limits{MaxTTL: max(maxTTL(d.SessionTimeout(), d.tick), 1)}
+}
+
+// maxTTL is the longest TTL a session of timeout allows, on servers that
+// tick every tick: go-zookeeper sends a request (a ping if nothing else) at
+// least every third of the timeout, and a follower relays the touch to the
+// leader within a tick (its reply to the leader's PING, sent every half
+// tick, plus delivery), so the leader's expiry is at least timeout -
+// timeout/3 - tick after any request of ours it answered.
+func maxTTL(timeout, tick time.Duration) time.Duration {
+	return timeout - timeout/3 - tick
 }
 
 // limits are the Driver's Limits known before any I/O (none: the TTL's
-// ceiling is the session timeout the server grants).
+// ceiling comes from the session timeout the server grants).
 var limits = backend.Limits{}
 
 // Guarantees: consensus-grade fencing (czxid), FIFO, and a majority of the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,17 +16,19 @@ import (
 )
 
 func TestParseURL(t *testing.T) {
-	u, _ := url.Parse("zk://u:p@h2,h1:2181/locks/?session_timeout=5s")
+	u, _ := url.Parse("zk://u:p@h2,h1:2181/locks/?session_timeout=5s&tick_time=200ms")
 	srv, o, err := zookeeper.ParseURL(u)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(srv) != 2 || srv[0] != "h2:2181" || srv[1] != "h1:2181" || o.Prefix != "/locks" || o.Auth != "u:p" || o.SessionTimeout != 5*time.Second {
+	if len(srv) != 2 || srv[0] != "h2:2181" || srv[1] != "h1:2181" || o.Prefix != "/locks" || o.Auth != "u:p" ||
+		o.SessionTimeout != 5*time.Second || o.TickTime != 200*time.Millisecond {
 		t.Errorf("parsed %v %+v", srv, o)
 	}
 	for _, bad := range []string{
 		"zk:///locks", "zk://h1,,h2", "zk://h1?foo=1", "zk://h1?session_timeout=-1s",
-		"zk://h1?session_timeout=x", "zk://user@h1",
+		"zk://h1?session_timeout=x", "zk://user@h1", "zk://h1?tick_time=0s", "zk://h1?tick_time=-1s",
+		"zk://h1?tick_time=x", "zk://h1?tick_time=1ms&tick_time=2ms",
 	} {
 		u, err := url.Parse(bad)
 		if err != nil {
@@ -41,6 +44,7 @@ func TestBadOptions(t *testing.T) {
 	for _, o := range []zookeeper.Options{
 		{Prefix: "dlock"}, {Prefix: "/dlock/"}, {Prefix: "/a//b"}, {Auth: "nopassword"}, {SessionTimeout: -time.Second},
 		{SessionTimeout: time.Nanosecond}, {SessionTimeout: 10000 * time.Hour}, // not int32 milliseconds ≥ 1
+		{TickTime: -time.Second}, {TickTime: time.Microsecond}, {TickTime: 10000 * time.Hour},
 	} {
 		// A bad option is refused at once; the deadline only keeps an
 		// accepted one from waiting forever on the closed port.
@@ -91,25 +95,90 @@ func TestOpenWithDigestAuth(t *testing.T) {
 	}
 }
 
-// TestTTLBoundBySession: a lease may not outlast the session timeout the
-// server granted, which the Locker reports in Limits.
+// TestTTLBoundBySession: a lease's TTL may not exceed the granted session
+// timeout less a third of it less the servers' tick (Options.TickTime), so
+// that its Deadline stays before the session's expiry when a follower never
+// relays the request it counts from (package doc, "How long the session
+// lives"). The Locker reports that bound in Limits, refuses a longer TTL
+// before any I/O (Acquire and Refresh), takes it as its default TTL when
+// it is below dlock.DefaultTTL, and a session too short for the tick is a
+// configuration error.
 func TestTTLBoundBySession(t *testing.T) {
 	t.Parallel()
 	srv := servers.ZooKeeper(t, 1).Servers()
-	l := newLocker(t, srv, &zookeeper.Options{SessionTimeout: 5 * time.Second})
-	if got := l.Limits().MaxTTL; got != 5*time.Second {
-		t.Errorf("Limits().MaxTTL = %v, want the granted session timeout 5s", got)
+	bound := func(session, tick time.Duration) time.Duration { return session - session/3 - tick }
+
+	// 5s on the test servers' 200ms tick: 5s - 1.67s - 0.2s.
+	l := newLocker(t, srv, &zookeeper.Options{SessionTimeout: 5 * time.Second, TickTime: 200 * time.Millisecond})
+	want := bound(5*time.Second, 200*time.Millisecond)
+	if got := l.Limits().MaxTTL; got != want {
+		t.Errorf("Limits().MaxTTL = %v on a 5s session and a 200ms tick, want %v (2/3 of the session less a tick)", got, want)
 	}
-	_, err := l.TryAcquire(t.Context(), uniqueKey(t), &dlock.AcquireOptions{TTL: 6 * time.Second})
-	if !errors.Is(err, dlock.ErrInvalidTTL) {
-		t.Errorf("TTL above the session timeout: %v, want ErrInvalidTTL", err)
+	key := uniqueKey(t)
+	for _, ttl := range []time.Duration{want + time.Millisecond, 5 * time.Second} {
+		if _, err := l.TryAcquire(t.Context(), key, &dlock.AcquireOptions{TTL: ttl}); !errors.Is(err, dlock.ErrInvalidTTL) {
+			t.Errorf("TryAcquire with TTL %v above the bound %v: %v, want ErrInvalidTTL", ttl, want, err)
+		}
+		if _, err := l.Acquire(t.Context(), key, &dlock.AcquireOptions{TTL: ttl}); !errors.Is(err, dlock.ErrInvalidTTL) {
+			t.Errorf("Acquire with TTL %v above the bound %v: %v, want ErrInvalidTTL", ttl, want, err)
+		}
 	}
-	// The server raises a session timeout below its floor (2 ticks).
-	low := newLocker(t, srv, &zookeeper.Options{SessionTimeout: time.Millisecond})
-	if got := low.Limits().MaxTTL; got <= time.Millisecond {
-		t.Errorf("Limits().MaxTTL = %v after asking 1ms, want the server's floor", got)
+	le, err := l.TryAcquire(t.Context(), key, &dlock.AcquireOptions{TTL: want})
+	if err != nil {
+		t.Fatalf("TryAcquire with a TTL of the bound %v: %v", want, err)
+	}
+	if err := le.Refresh(t.Context(), want+time.Millisecond); !errors.Is(err, dlock.ErrInvalidTTL) {
+		t.Errorf("Refresh with a TTL above the bound: %v, want ErrInvalidTTL", err)
+	}
+	if err := le.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// A Locker TTL above the bound is refused when the Locker is made.
+	if _, err := openLocker(t.Context(), srv, &zookeeper.Options{SessionTimeout: 5 * time.Second, Locker: &dlock.Options{TTL: 4 * time.Second}}); !errors.Is(err, dlock.ErrInvalidTTL) {
+		t.Errorf("New with Options.Locker.TTL 4s on a 5s session: %v, want ErrInvalidTTL", err)
+	}
+
+	// The defaults: a 40s session (the test servers grant it) and a 2s
+	// tick give about 24.67s, the Locker's default TTL.
+	def, err := zookeeper.New(t.Context(), srv, &zookeeper.Options{Locker: &dlock.Options{Logger: quiet}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer def.Close()
+	want = bound(zookeeper.DefaultSessionTimeout, zookeeper.DefaultTickTime)
+	if got := def.Limits().MaxTTL; got != want {
+		t.Errorf("Limits().MaxTTL with default Options = %v, want %v", got, want)
+	}
+	if le, err := def.TryAcquire(t.Context(), uniqueKey(t), nil); err != nil {
+		t.Error(err)
 	} else {
-		t.Logf("asked a 1ms session, granted %v", got)
+		if le.TTL() != want {
+			t.Errorf("default TTL %v, want the bound %v (below dlock.DefaultTTL)", le.TTL(), want)
+		}
+		_ = le.Release(t.Context())
+	}
+
+	// The server raises a session timeout below its floor (2 ticks): the
+	// bound follows the timeout granted.
+	d, err := zookeeper.NewDriver(t.Context(), srv, &zookeeper.Options{SessionTimeout: time.Millisecond, TickTime: 200 * time.Millisecond, Locker: &dlock.Options{Logger: quiet}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if got, granted := d.Limits().MaxTTL, d.SessionTimeout(); granted <= time.Millisecond || got != bound(granted, 200*time.Millisecond) {
+		t.Errorf("asked a 1ms session, granted %v: Limits().MaxTTL = %v, want %v", granted, got, bound(granted, 200*time.Millisecond))
+	} else {
+		t.Logf("asked a 1ms session, granted %v: MaxTTL %v", granted, got)
+	}
+
+	// A session too short for the tick leaves no TTL: New and Open fail.
+	_, err = openLocker(t.Context(), srv, &zookeeper.Options{SessionTimeout: 3 * time.Second, TickTime: 2 * time.Second})
+	if !errors.Is(err, dlock.ErrInvalidConfig) || !strings.Contains(err.Error(), "too short for a tick of 2s") {
+		t.Errorf("New with a 3s session and a 2s tick: %v, want ErrInvalidConfig saying the session is too short for the tick", err)
+	}
+	_, err = dlock.Open(t.Context(), "zk://"+srv[0]+"?session_timeout=1s&tick_time=2s")
+	if !errors.Is(err, dlock.ErrInvalidConfig) || !strings.Contains(err.Error(), "too short for a tick of 2s") {
+		t.Errorf("Open with session_timeout=1s&tick_time=2s: %v, want ErrInvalidConfig saying the session is too short for the tick", err)
 	}
 }
 
