@@ -47,11 +47,12 @@ import (
 type lockFunc = conformance.LockFunc
 
 // peerTTL is the lease time every library asks for in the peer
-// benchmarks (ZooKeeper: zkTTL, within its session timeout).
+// benchmarks (ZooKeeper: zkTTL, within the TTL bound of its session,
+// 30s - 30s/3 - the default 2s tick = 18s).
 const (
 	peerTTL   = 30 * time.Second
 	zkSession = 30 * time.Second
-	zkTTL     = 20 * time.Second
+	zkTTL     = 15 * time.Second
 )
 
 // lib is one library on one backend. open makes one client of it (its own

@@ -347,7 +347,7 @@ func waiters(b *testing.B, open func(testing.TB) *dlock.Locker, stats func(conte
 		lockers[i] = open(sc)
 	}
 	key := uniqueKey("waiters")
-	ao := &dlock.AcquireOptions{TTL: zkTTL} // within ZooKeeper's session; every lease is released at once
+	ao := &dlock.AcquireOptions{TTL: zkTTL} // within ZooKeeper's TTL bound; every lease is released at once
 	ctx, cancel := context.WithTimeout(b.Context(), 3*time.Minute)
 	defer cancel()
 

@@ -126,7 +126,7 @@ func TestPausedProcess(t *testing.T) {
 	lockURLs := map[string]string{
 		"redis":     "redis://" + servers.Redis(t, 1)[0].Addr() + "?ttl=1s",
 		"etcd":      "etcd://" + servers.Etcd(t, 1).Endpoints()[0] + "?ttl=2s",
-		"zookeeper": "zk://" + servers.ZooKeeper(t, 1).Servers()[0] + "?ttl=2s&session_timeout=2s",
+		"zookeeper": "zk://" + servers.ZooKeeper(t, 1).Servers()[0] + "?ttl=1s&session_timeout=2s&tick_time=200ms", // TTL bound 2s - 2s/3 - 200ms
 		"redlock":   "redlock://" + redlockNodes(t) + "?ttl=1s&node_timeout=250ms",
 	}
 	for backend, u := range lockURLs {

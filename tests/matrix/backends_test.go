@@ -50,15 +50,20 @@ type deployOptions struct {
 	// Server.ShiftClock can move their clocks (Redis and Redlock).
 	faketime bool
 	// sessionTimeout is the ZooKeeper session timeout the URL asks for
-	// (default zkSession); a ZooKeeper lease cannot outlast it.
+	// (default zkSession); a ZooKeeper lease's TTL is at most two thirds
+	// of it less a tick (zkTick).
 	sessionTimeout time.Duration
 }
 
 // zkSession is the default ZooKeeper session timeout of the matrix: it
-// bounds how long a dead holder keeps the key, 4s keeps cells short and
-// leases of env.ttl (2s) within it, well above the test servers' 200ms
-// tick.
-const zkSession = 4 * time.Second
+// bounds how long a dead holder keeps the key. 6.3s keeps cells short and
+// leases of victimTTL (4s, the same on every backend) within the TTL bound
+// of the session, zkSession - zkSession/3 - zkTick = 4s, exactly.
+const zkSession = 6300 * time.Millisecond
+
+// zkTick is the test servers' tickTime (conformance/servers), passed to
+// the ZooKeeper backend as tick_time: it enters the bound on TTLs.
+const zkTick = 200 * time.Millisecond
 
 // deployment is a running set of servers for one cell.
 type deployment struct {
@@ -170,7 +175,7 @@ var backends = []*backend{
 		return &deployment{
 			servers: e.Members,
 			url: func(a []string) string {
-				return "zk://" + strings.Join(a, ",") + "?session_timeout=" + cmp.Or(o.sessionTimeout, zkSession).String()
+				return "zk://" + strings.Join(a, ",") + "?session_timeout=" + cmp.Or(o.sessionTimeout, zkSession).String() + "&tick_time=" + zkTick.String()
 			},
 			leader: func(ctx context.Context) (*servers.Server, error) {
 				return awaitLeader(ctx, e.Members, func(_ context.Context, s *servers.Server) (bool, error) {

@@ -33,9 +33,9 @@ import (
 // restart would find the key gone and end the lease at a moment that
 // competes with the contenders' grant; without it, a contender granted
 // after the restart always overlaps the victim's lease). ZooKeeper caps a
-// lease at the session timeout, so its crash cells ask for a session of
-// 20s (crashZKSession) rather than the matrix's 4s: the 10s lease fits in
-// it, as on etcd.
+// lease at two thirds of the session timeout less a tick, so its crash
+// cells ask for a session of 20s (crashZKSession) rather than the
+// matrix's 6.3s: the 10s lease fits in it (bound 13.13s), as on etcd.
 //
 // After the victim's release the cell goes on until the contenders have
 // been granted the lock crashHandoffs times, so that exclusion and token
@@ -210,8 +210,9 @@ const (
 	// should happen in a second or two.
 	crashBound = 15 * time.Second
 	// crashZKSession is the ZooKeeper session timeout of a crash cell:
-	// above crashTTL, so the victim's lease fits in the session without a
-	// refresh (the test servers allow up to 120s).
+	// its TTL bound (20s - 20s/3 - zkTick) is above crashTTL, so the
+	// victim's lease fits in the session without a refresh (the test
+	// servers allow up to 120s).
 	crashZKSession = 20 * time.Second
 	// crashHandoffs is how many contender grants a cell waits for after
 	// the victim's release, within crashHandoffsBound.

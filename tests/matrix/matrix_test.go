@@ -291,10 +291,11 @@ type env struct {
 }
 
 // victimTTL is the lease of a victim that holds the key across a client
-// fault (paused, cut off): as long as the matrix's ZooKeeper session, so
-// that a ZooKeeper lease rests on the session (a lease that outlived it
-// would show as an overlap), and the same on every backend.
-const victimTTL = zkSession
+// fault (paused, cut off): as long as the matrix's ZooKeeper session
+// allows (4s), so that a ZooKeeper lease rests on the session (a lease
+// that outlived it would show as an overlap), and the same on every
+// backend.
+const victimTTL = zkSession - zkSession/3 - zkTick
 
 func newEnv(t *testing.T, b *backend) *env {
 	h := check.NewHistory()

@@ -36,7 +36,7 @@ func init() {
 }
 
 // partitionBound bounds the partition: the lease's end on the client and
-// the servers' letting the lock go (ZooKeeper: the 4s session timeout,
+// the servers' letting the lock go (ZooKeeper: the 6.3s session timeout,
 // rounded up to the server's tick, after the last ping) come well before.
 const partitionBound = 15 * time.Second
 

@@ -36,10 +36,11 @@ import (
 // the paused client's lease is over (its last Deadline), the key must be
 // free within e.progress.
 //
-// The lease's TTL is victimTTL, as long as the ZooKeeper session: there a
-// lease's Deadline is the client-enforced TTL, and the server frees the
-// key when the paused client's session expires, the session timeout (4s)
-// after it last heard from the client, rounded up to the server's tick;
+// The lease's TTL is victimTTL, as long as the ZooKeeper session allows:
+// there a lease's Deadline is the client-enforced TTL, and the server frees
+// the key when the paused client's session expires, the session timeout
+// (6.3s) after it last heard from the client, rounded up to the server's
+// tick;
 // a lease that outlived its session would show as an overlap. The key is
 // then free well within e.progress (10s) after the lease's Deadline.
 func init() {
