@@ -141,14 +141,27 @@
 // refresh that races with it.
 // etcd cannot change a lease's TTL, so Refresh with another TTL grants a new
 // lease and moves the key onto it (a transaction that checks the key is
-// still ours; the create revision, and so the token, stays), then revokes
-// the old one. Both confirm the key is still ours. If the move's answer is
-// lost, Refresh reads the key to learn which lease it is on and revokes the
-// other; if that read fails too, Refresh returns the error, and the new
-// lease is remembered: the next Refresh (RefreshBatch refreshes such a
-// lease on its own, through Refresh) reads the key first, keeps the lease
-// it is on (or fails with ErrNotHeld if it is on neither), and revokes the
-// other; Release revokes both.
+// still ours, on the lease we keep alive, and not written since our last
+// write to it: its mod revision; the create revision, and so the token,
+// stays), then revokes the old one. Both confirm the key is still ours. If
+// the move's answer is lost, the transaction may still be in the Raft log
+// and commit later, so a read cannot tell which lease the key will be on.
+// Refresh settles it with a fencing transaction instead: if the key is
+// still ours on the old lease and unchanged, it is put again on the old
+// lease (which changes its mod revision, so the lost move can never commit
+// after it), else the key is read in the same transaction (the move
+// committed, or the key is gone). Refresh then keeps the lease the key is
+// on, revokes the other, and returns the move's error. If the fencing
+// transaction's answer is lost too, neither lease is revoked, Refresh
+// returns the error, and the new lease is remembered: the next Refresh
+// (RefreshBatch refreshes such a lease on its own, through Refresh) settles
+// first and renews nothing until it has (it fails with ErrUnavailable
+// meanwhile, or ErrNotHeld if the key is gone); Release deletes the key
+// wherever it is and revokes both. Meanwhile the Lease's Deadline is no
+// later than the old lease's expiry, nor than the start of the failed
+// Refresh plus the TTL it asked (the new lease, granted after that start,
+// lasts at least as long: etcd rounds a TTL up to whole seconds and raises
+// one below its floor, never lowers it).
 //
 // The Driver's prefix watch reports the deletion of a held key (the lease
 // expired, was revoked, or someone deleted the key) through the Lease's

@@ -87,6 +87,11 @@ type Driver struct {
 
 	afterQueueRead func()            // tests: called between a waiter's queue read and its watch
 	afterMove      func(error) error // tests: sees, and may replace, the outcome of Refresh's move transaction
+	// holdMove (tests) is called before Refresh sends a move transaction
+	// to lease to, with a commit that sends exactly that transaction; if
+	// it returns an error, the move is not sent and fails with it (its
+	// outcome unknown to us, while the test may commit it later).
+	holdMove func(to clientv3.LeaseID, commit func(context.Context) (bool, error)) error
 	// fault (tests) is asked before each request named by doing (id is
 	// the lease of a revoke, else 0); an error it returns fails the
 	// request unsent.
@@ -267,6 +272,11 @@ type waiter struct {
 	el    *etcdLease
 	secs  int64 // asked, in seconds
 	rev   int64 // create revision of myKey
+	// modRev is the mod revision of our last write to myKey whose
+	// outcome we know (the join's: rev; a move's; a fence's): every later
+	// write of ours compares it (see lease.unchanged). Guarded by the
+	// lease's leaseMu once the waiter is a lease.
+	modRev int64
 	// The lease lasts at least ttl from anchor, the sending of the request
 	// that set its expiry (a grant or a keepalive: ttl is then
 	// el.granted), or, for a pooled lease handed out without a keepalive,
@@ -400,6 +410,7 @@ func (w *waiter) join(ctx context.Context) (bool, error) {
 			backend.ErrUnavailable, w.myKey, d.prefix)
 	}
 	w.rev = resp.Header.Revision
+	w.modRev = w.rev
 	gone, unsure := w.reg.setRev(w.rev)
 	if !gone && unsure {
 		// The hub's watch was not in force throughout: read the key.

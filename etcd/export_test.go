@@ -1,6 +1,7 @@
 package etcd
 
 import (
+	"context"
 	"log/slog"
 	"net/url"
 
@@ -66,4 +67,13 @@ func InjectFault(d *Driver, f func(doing string, id clientv3.LeaseID) error) {
 		return
 	}
 	d.fault.Store(&f)
+}
+
+// HoldMove makes d call f before it sends each move transaction of Refresh
+// (to the new lease to). commit sends exactly that transaction, and reports
+// whether it succeeded. If f returns an error, the move is not sent and
+// fails with it: a move whose answer was lost while the transaction was
+// still in the Raft log, which the test may commit later, at any point.
+func HoldMove(d *Driver, f func(to clientv3.LeaseID, commit func(context.Context) (bool, error)) error) {
+	d.holdMove = f
 }

@@ -2,10 +2,12 @@ package etcd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dlock-go/dlock"
@@ -48,10 +50,12 @@ func OwnerOf(le *dlock.Lease) (o Ownership, ok bool) {
 type lease struct {
 	w *waiter
 
-	leaseMu sync.Mutex // guards w.el, w.secs, w.ttl, w.anchor and unsettled, changed by Refresh
+	leaseMu sync.Mutex // guards w.el, w.secs, w.ttl, w.anchor, w.modRev and unsettled, changed by Refresh
 	// unsettled are the new leases of moves whose outcome settleMove could
-	// not learn: our key may be on one of them. Release revokes them too;
-	// Refresh and RefreshBatch settle them first.
+	// not learn: our key may be on one of them (or on w.el). Nothing
+	// revokes them, nor w.el, until a fencing transaction has settled
+	// which lease the key is on (see settle), except Release, which
+	// deletes the key first. Refresh and RefreshBatch settle them first.
 	unsettled []pendingMove
 }
 
@@ -109,6 +113,16 @@ func (l *lease) owned(id clientv3.LeaseID) []clientv3.Cmp {
 	}
 }
 
+// unchanged is owned(id) and "no write to our key since modRev, the mod
+// revision of our last write to it whose outcome we know": the condition
+// of every write of ours to the key after the join (a move, a fence). A
+// write of ours whose answer was lost, which may still commit, has this
+// condition with the modRev of its time; once any write to the key has
+// committed after it, it never can.
+func (l *lease) unchanged(id clientv3.LeaseID, modRev int64) []clientv3.Cmp {
+	return append(l.owned(id), clientv3.Compare(clientv3.ModRevision(l.w.myKey), "=", modRev))
+}
+
 // Refresh renews the lease. etcd cannot change a lease's TTL: for the TTL
 // the lease was granted with, Refresh sends one keepalive (on one of the
 // Driver's keepalive streams) and, at the same time, checks in a read-only
@@ -116,15 +130,16 @@ func (l *lease) owned(id clientv3.LeaseID) []clientv3.Cmp {
 // it grants a new lease and moves our key onto it in a transaction that
 // checks we still own the key (the key keeps its create revision, so the
 // token does not change), then revokes the old lease. If an earlier move's
-// outcome is still unknown (see settleMove), Refresh first reads the key
-// to learn which lease it is on, and keeps that one.
+// outcome is still unknown (see settleMove), Refresh first settles it with
+// a fencing transaction (see settle) and keeps the lease the key is on; if
+// that fails too, Refresh fails (ErrUnavailable) and renews nothing.
 func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
 	l.leaseMu.Lock()
 	ms := l.unsettled
 	l.unsettled = nil
 	l.leaseMu.Unlock()
 	if len(ms) > 0 {
-		held, err := l.settle(ctx, ms)
+		_, held, err := l.settle(ctx, ms)
 		switch {
 		case err != nil:
 			return 0, err
@@ -174,11 +189,14 @@ type pendingMove struct {
 }
 
 // move moves our key to a new lease of secs seconds (Refresh to another
-// TTL).
+// TTL). The move's transaction requires that the key is ours, on the lease
+// we keep alive, unchanged since our last write to it (see unchanged): if
+// its answer is lost, the fencing transaction of settle makes sure it can
+// no longer commit, or learns that it did.
 func (l *lease) move(ctx context.Context, secs int64) (time.Duration, error) {
 	d := l.w.d
 	l.leaseMu.Lock()
-	old := l.w.el
+	old, modRev := l.w.el, l.w.modRev
 	l.leaseMu.Unlock()
 	sent := time.Now()
 	g, err := call(ctx, d, "granting a lease", func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
@@ -188,14 +206,25 @@ func (l *lease) move(ctx context.Context, secs int64) (time.Duration, error) {
 		return 0, err
 	}
 	nw := newEtcdLease(g.ID, time.Duration(g.TTL)*time.Second)
-	tr, err := d.txn(ctx, "moving the lock key to a new lease", l.owned(old.id), clientv3.OpPut(l.w.myKey, "", clientv3.WithLease(nw.id)))
-	if d.afterMove != nil {
-		err = d.afterMove(err)
+	cmps, put := l.unchanged(old.id, modRev), clientv3.OpPut(l.w.myKey, "", clientv3.WithLease(nw.id))
+	if h := d.holdMove; h != nil {
+		// Tests: the transaction is sent later, or never.
+		err = h(nw.id, func(ctx context.Context) (bool, error) {
+			r, err := d.client.Txn(ctx).If(cmps...).Then(put).Commit()
+			return err == nil && r.Succeeded, err
+		})
+	}
+	var tr *clientv3.TxnResponse
+	if err == nil {
+		tr, err = d.txn(ctx, "moving the lock key to a new lease", cmps, put)
+		if d.afterMove != nil {
+			err = d.afterMove(err)
+		}
 	}
 	if err != nil {
-		// The move may have happened. Find out which lease the key is
-		// on before revoking either (revoking the wrong one would
-		// delete our own lock).
+		// The move may have happened, or may still happen. Settle
+		// which lease the key is on before revoking either (revoking
+		// the wrong one would delete our own lock).
 		l.settleMove(ctx, pendingMove{el: nw, secs: secs, sent: sent})
 		return 0, err
 	}
@@ -203,8 +232,8 @@ func (l *lease) move(ctx context.Context, secs int64) (time.Duration, error) {
 		d.revoke(ctx, nw)
 		return 0, fmt.Errorf("%w: etcd: the lock key is gone", backend.ErrNotHeld)
 	}
-	l.adopt(nw, secs, nw.granted, sent)
-	d.revoke(ctx, old) // no key on it now: revoking deletes nothing
+	l.adopt(nw, secs, nw.granted, sent, tr.Header.Revision)
+	d.revoke(ctx, old) // no key on it now, and none can come back: revoking deletes nothing
 	return nw.granted, nil
 }
 
@@ -216,64 +245,115 @@ func (d *Driver) txn(ctx context.Context, doing string, cmps []clientv3.Cmp, the
 }
 
 // adopt makes the lease keep el (of secs asked; it lasts ttl from anchor,
-// the sending of the request that set its expiry) alive from now on.
-func (l *lease) adopt(el *etcdLease, secs int64, ttl time.Duration, anchor time.Time) {
+// the sending of the request that set its expiry) alive from now on; our
+// key is on it, last written at modRev.
+func (l *lease) adopt(el *etcdLease, secs int64, ttl time.Duration, anchor time.Time, modRev int64) {
 	l.leaseMu.Lock()
 	defer l.leaseMu.Unlock()
-	l.w.el, l.w.secs, l.w.ttl, l.w.anchor = el, secs, ttl, anchor
+	l.w.el, l.w.secs, l.w.ttl, l.w.anchor, l.w.modRev = el, secs, ttl, anchor, modRev
 }
 
 // settleMove resolves a move of our key to the lease of m whose outcome is
-// unknown (see settle). If it cannot tell, both leases are left to run out
-// and m is remembered as unsettled, for Release to revoke too, and for the
-// next Refresh (or RefreshBatch, which refreshes such a lease on its own)
-// to settle first: no later refresh reports a lease it does not keep
+// unknown (see settle). If it cannot, neither lease is revoked and m is
+// remembered as unsettled: the next Refresh (or RefreshBatch, which
+// refreshes such a lease through Refresh) settles it first and renews
+// nothing until it has, and Release deletes the key wherever it is and
+// revokes both leases. No later refresh reports a lease it does not keep
 // alive.
 func (l *lease) settleMove(ctx context.Context, m pendingMove) {
-	_, _ = l.settle(ctx, []pendingMove{m})
+	_, _, _ = l.settle(ctx, []pendingMove{m})
 }
 
-// settle reads our key to learn which lease it is on, among the one we
-// keep alive and the new leases of the moves ms, whose outcome was unknown.
-// It keeps that lease (adopting it if it is one of ms: it lasts its
-// granted TTL from its grant's sending) and revokes the others. It reports
-// whether the key is still ours on the lease we now keep alive. If the
-// read fails, it returns its error and ms stay unsettled.
-func (l *lease) settle(ctx context.Context, ms []pendingMove) (bool, error) {
+// settle learns which lease our key is on, among the one we keep alive
+// (cur) and the new leases of the moves ms, whose outcome was unknown, and
+// makes sure it stays there. A read could not do that: a move whose answer
+// was lost may still be in the Raft log and commit after the read (and
+// revoking the lease the read did not find the key on would then delete
+// our key). So settle sends a fencing transaction:
+//
+//	If(the key is ours, on cur, unchanged since our last known write)
+//	Then(put the key again on cur)   // a write: no earlier move can commit after it
+//	Else(get the key)
+//
+// Every move compares the key's mod revision with that of our last known
+// write, so once the fence (or any write) has committed, no move of ours
+// whose answer was lost can commit any more. If the fence commits, the key
+// stays on cur and the leases of ms are revoked. If not, the key's mod
+// revision has changed (a move committed), or the key is gone: the key is
+// where the Else's read found it, for good, and settle keeps that lease
+// (adopting it if it is one of ms: it lasts its granted TTL from its
+// grant's sending) and revokes the others. It returns the move adopted
+// (nil if none), and whether the key is still ours on the lease we now keep
+// alive. If the fence's outcome is unknown too, it returns its error and
+// ms stay unsettled: nothing is revoked (the key may be on any of these
+// leases).
+func (l *lease) settle(ctx context.Context, ms []pendingMove) (*pendingMove, bool, error) {
 	d := l.w.d
+	l.leaseMu.Lock()
+	cur, modRev := l.w.el, l.w.modRev
+	l.leaseMu.Unlock()
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	resp, err := call(rctx, d, "reading the lock key after a move", func(ctx context.Context) (*clientv3.GetResponse, error) {
-		return d.client.Get(ctx, l.w.myKey)
+	resp, err := call(rctx, d, "settling a move of the lock key", func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return d.client.Txn(ctx).
+			If(l.unchanged(cur.id, modRev)...).
+			Then(clientv3.OpPut(l.w.myKey, "", clientv3.WithLease(cur.id))).
+			Else(clientv3.OpGet(l.w.myKey)).
+			Commit()
 	})
-	if err != nil {
+	revokeMoves := func(keep *pendingMove) {
+		for i := range ms {
+			if &ms[i] != keep {
+				d.revoke(ctx, ms[i].el) // no key of ours is, or can come, on it
+			}
+		}
+	}
+	switch {
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		// The fence's compares held (the key was on cur), yet cur is
+		// gone: the key went with it, and no move can commit now.
+		revokeMoves(nil)
+		return nil, false, nil
+	case err != nil:
 		l.leaseMu.Lock()
 		l.unsettled = append(l.unsettled, ms...)
 		l.leaseMu.Unlock()
-		return false, err
-	}
-	var on clientv3.LeaseID
-	if len(resp.Kvs) == 1 && resp.Kvs[0].CreateRevision == l.w.rev {
-		on = clientv3.LeaseID(resp.Kvs[0].Lease)
-	}
-	l.leaseMu.Lock()
-	cur := l.w.el
-	l.leaseMu.Unlock()
-	held := on != 0 && on == cur.id
-	var revoke []*etcdLease
-	for _, m := range ms {
-		if on != 0 && m.el.id == on {
-			l.adopt(m.el, m.secs, m.el.granted, m.sent)
-			revoke = append(revoke, cur)
-			held = true
-			continue
+		return nil, false, err
+	case resp.Succeeded:
+		l.leaseMu.Lock()
+		if l.w.el == cur {
+			l.w.modRev = resp.Header.Revision
 		}
-		revoke = append(revoke, m.el) // no key of ours on it
+		l.leaseMu.Unlock()
+		revokeMoves(nil)
+		return nil, true, nil
 	}
-	for _, el := range revoke {
-		d.revoke(ctx, el)
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 || kvs[0].CreateRevision != l.w.rev {
+		revokeMoves(nil) // the key is gone: nothing of ours is on them
+		return nil, false, nil
 	}
-	return held, nil
+	on, rev := clientv3.LeaseID(kvs[0].Lease), kvs[0].ModRevision
+	if on == cur.id {
+		l.leaseMu.Lock()
+		if l.w.el == cur {
+			l.w.modRev = rev
+		}
+		l.leaseMu.Unlock()
+		revokeMoves(nil)
+		return nil, true, nil
+	}
+	for i := range ms {
+		if m := &ms[i]; m.el.id == on {
+			l.adopt(m.el, m.secs, m.el.granted, m.sent, rev)
+			revokeMoves(m)
+			d.revoke(ctx, cur) // no key on it now, and none can come back
+			return m, true, nil
+		}
+	}
+	// On a lease that is not ours: someone else wrote our key.
+	revokeMoves(nil)
+	return nil, false, nil
 }
 
 // Release deletes our key if it is still ours (a transaction on its create
@@ -287,7 +367,9 @@ func (l *lease) settle(ctx context.Context, ms []pendingMove) (bool, error) {
 // context of their own, deletes the key anyway: the lock is freed at once
 // instead of staying held for the rest of the TTL. Release then still
 // returns the delete's error. An unsettled lease (see settleMove) is
-// revoked too. A lease that a revoke was started for never goes back to
+// revoked too, after the delete (the key is ours on whichever lease it is,
+// and a move still in flight compares the key's create revision, so it
+// cannot bring the key back once it is deleted). A lease that a revoke was started for never goes back to
 // the pool: a Release after a failed one deletes the key, if it is still
 // there, and leaves the lease to that revoke.
 func (l *lease) Release(ctx context.Context) error {

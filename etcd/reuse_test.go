@@ -203,7 +203,7 @@ func TestRefreshBatchAfterUnsettledMove(t *testing.T) {
 		return err
 	})
 	etcd.InjectFault(d, func(doing string, _ clientv3.LeaseID) error {
-		if doing == "reading the lock key after a move" && failRead.CompareAndSwap(true, false) {
+		if doing == "settling a move of the lock key" && failRead.CompareAndSwap(true, false) {
 			return errors.New("test: the read is not answered")
 		}
 		return nil
