@@ -104,7 +104,8 @@ const (
 type Options struct {
 	// TTL is the lease time for acquires that do not set one.
 	// Default DefaultTTL (30 s), or the backend's Limits().MaxTTL if that
-	// is shorter (a ZooKeeper session timeout below 30 s).
+	// is shorter (ZooKeeper's: two thirds of the session timeout less a
+	// server tick, 24.67 s on the default 40 s session).
 	TTL time.Duration
 	// RetryMin and RetryMax bound the jittered, exponentially growing delay
 	// between attempts of Acquire on a backend that cannot tell waiters
