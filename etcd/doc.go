@@ -96,8 +96,9 @@
 //     delete fails (Release's ctx had ended already, or the cluster did not
 //     answer within RequestTimeout), the lease is revoked, with a context
 //     of its own (2s, then retried in the background until the TTL has
-//     passed), which deletes the key: the lock is not left held for the
-//     rest of its TTL. Release still returns the delete's error; it can
+//     passed, or until the Driver's Close, which makes one last attempt),
+//     which deletes the key: the lock is not left held for the rest of
+//     its TTL. Release still returns the delete's error; it can
 //     then take RequestTimeout plus 2s.
 //
 // # Fencing token

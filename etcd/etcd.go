@@ -78,8 +78,15 @@ type Driver struct {
 
 	ctx    context.Context // cancelled by Close: ends the prefix watch and the keepalive stream
 	cancel context.CancelFunc
-	once   sync.Once
-	bg     bg.Group // the prefix watch, the keepalive stream's receiver, revokes; Close waits for them
+	// closing is closed when Close begins: a revoke retried in the
+	// background makes its last attempt then. revokeCtx bounds every
+	// background revoke; Close ends it cleanupTimeout after it began.
+	closing   chan struct{}
+	revokeCtx context.Context
+	revokeEnd context.CancelFunc
+
+	once sync.Once
+	bg   bg.Group // the prefix watch, the keepalive stream's receiver, revokes; Close waits for them
 
 	hub  *hub   // the one watch on prefix: losses and wake-ups
 	ka   keeper // the one keepalive stream
@@ -161,6 +168,8 @@ func NewDriver(ctx context.Context, client *clientv3.Client, opts *Options) (*Dr
 		return client.Revoke(ctx, g.ID)
 	})
 	d.ctx, d.cancel = context.WithCancel(context.Background())
+	d.closing = make(chan struct{})
+	d.revokeCtx, d.revokeEnd = context.WithCancel(context.Background())
 	d.ka.d = d
 	d.hub = newHub(d)
 	// Start the prefix watch now, and wait (within the request timeout)
@@ -238,16 +247,25 @@ func (d *Driver) As(target any) bool {
 	return false
 }
 
-// Close revokes the idle leases of the pool (within 2s), stops the prefix
-// watch and the keepalive stream and, if the driver built the client itself
-// from a URL, closes the client. A client passed to [New] stays open.
+// Close revokes the idle leases of the pool and, at the same time, makes
+// one last attempt to revoke each lease whose revoke failed and was being
+// retried in the background (a Release whose delete and revoke failed
+// left it so: the released lock is then freed at Close if the cluster
+// answers, not held for the rest of its TTL), all within 2s. It then stops
+// the prefix watch and the keepalive stream and, if the driver built the
+// client itself from a URL, closes the client. A client passed to [New]
+// stays open.
 func (d *Driver) Close() error {
 	var err error
 	d.once.Do(func() {
 		d.bg.Close()
+		close(d.closing) // the background revokes make their last attempt
+		end := time.AfterFunc(cleanupTimeout, d.revokeEnd)
 		d.revokePool()
 		d.cancel()
 		d.bg.Wait()
+		end.Stop()
+		d.revokeEnd()
 		if d.ownsClient {
 			if cerr := d.client.Close(); cerr != nil {
 				err = fmt.Errorf("%w: etcd: closing the client: %w", backend.ErrUnavailable, cerr)
@@ -699,8 +717,9 @@ func (w *waiter) revoke(ctx context.Context) {
 // revoke revokes el (deleting any key on it): at once if the cluster
 // answers within cleanupTimeout (even when ctx has ended), else in the
 // background, until it is done or the lease has run out by itself (a dead
-// waiter key would hold up the queue behind it until then). From the start
-// el is revoking, for good: it never goes back to the pool.
+// waiter key would hold up the queue behind it until then), or Close has
+// made one last attempt. From the start el is revoking, for good: it never
+// goes back to the pool.
 func (d *Driver) revoke(ctx context.Context, el *etcdLease) {
 	el.startRevoke()
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
@@ -714,15 +733,16 @@ func (d *Driver) revoke(ctx context.Context, el *etcdLease) {
 	d.bg.Go(func() {
 		defer el.to(revoking, gone) // revoked, or run out by itself
 		for time.Now().Before(until) {
+			last := false
 			select {
-			case <-d.ctx.Done():
-				return
+			case <-d.closing:
+				last = true // Close: one last attempt, within its time
 			case <-time.After(cleanupTimeout / 4):
 			}
-			rctx, cancel := context.WithTimeout(d.ctx, cleanupTimeout)
+			rctx, cancel := context.WithTimeout(d.revokeCtx, cleanupTimeout)
 			err := d.revokeOnce(rctx, el)
 			cancel()
-			if err == nil {
+			if err == nil || last {
 				return
 			}
 		}

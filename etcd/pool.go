@@ -215,11 +215,12 @@ func (d *Driver) recycle(secs int64, el *etcdLease, expires time.Time) {
 }
 
 // revokeLater revokes el in the background, once (a lease without a key
-// that is not revoked runs out by itself).
+// that is not revoked runs out by itself); Close lets it finish, within
+// cleanupTimeout.
 func (d *Driver) revokeLater(el *etcdLease) {
 	el.startRevoke()
 	d.bg.Go(func() {
-		ctx, cancel := context.WithTimeout(d.ctx, cleanupTimeout)
+		ctx, cancel := context.WithTimeout(d.revokeCtx, cleanupTimeout)
 		defer cancel()
 		_ = d.revokeOnce(ctx, el)
 		el.to(revoking, gone) // if it failed, it runs out by itself
