@@ -720,8 +720,8 @@ func (l *Locker) try(ctx context.Context, key string, ao *AcquireOptions, acquir
 	if err != nil {
 		return nil, err
 	}
-	if a, ok := bl.(backend.Anchored); ok && a.Anchor().After(start) {
-		start = a.Anchor()
+	if a, ok := bl.(backend.Anchored); ok {
+		start = a.Anchor() // earlier than start too: a renewal before the call
 	}
 	if ttl := bl.TTL(); !time.Now().Before(start.Add(ttl - l.margin(ttl))) {
 		// The grant came back too late to be of use: the server may

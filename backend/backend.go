@@ -261,10 +261,13 @@ type Queuer interface {
 	Acquire(ctx context.Context, key string, ttl time.Duration) (Lease, error)
 }
 
-// Anchored is implemented by a [Lease] whose TTL counts from a request sent
-// after the start of the call that returned it (for example a keepalive sent
-// while the waiter was queued). The dlock layer counts Lease.Deadline from
-// Anchor, or from the start of the call if that is later.
+// Anchored is implemented by a [Lease] whose TTL counts from a request other
+// than the start of the call that returned it: one sent after it (for
+// example a keepalive sent while the waiter was queued), or before it (a
+// pooled etcd lease renewed just before, handed out without a keepalive).
+// The dlock layer counts Lease.Deadline from Anchor, whether it is earlier
+// or later than the start of the call, so Anchor must be the sending of a
+// real request whose TTL the server counts from then at the latest.
 type Anchored interface {
 	// Anchor returns the local time, with its monotonic clock reading, at
 	// which the request that set the lease's current expiry was sent.

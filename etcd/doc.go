@@ -35,9 +35,10 @@
 //     keepalive's sending; unless the lease was renewed (or granted) within
 //     the last tenth of the TTL the server granted it, by the lock it
 //     carried just before: then the put goes alone, and the grant's TTL is
-//     what is left of the lease, counted from the acquire (at least nine
-//     tenths of the TTL granted; its Deadline is that renewal's sending
-//     plus the TTL granted, less the drift margin). A pooled lease that may
+//     the TTL the server granted the lease, counted from that renewal's
+//     sending (Lease.TTL is the full TTL; at least nine tenths of it is
+//     left at the acquire; its Deadline is that renewal's sending plus the
+//     TTL granted, less the drift margin). A pooled lease that may
 //     have run out by our count is not used; one that ran out anyway (the
 //     put fails with "lease not found", or the keepalive finds it gone) is
 //     dropped and the acquire takes another lease or grants a new one.

@@ -295,11 +295,11 @@ type waiter struct {
 	// write of ours compares it (see lease.unchanged). Guarded by the
 	// lease's leaseMu once the waiter is a lease.
 	modRev int64
-	// The lease lasts at least ttl from anchor, the sending of the request
-	// that set its expiry (a grant or a keepalive: ttl is then
-	// el.granted), or, for a pooled lease handed out without a keepalive,
-	// from when it was handed out (ttl is then what was left of it). The
-	// lease's expiry is never later than anchor + ttl by our count.
+	// The lease lasts at least ttl (el.granted) from anchor, the sending
+	// of the request that set its expiry (a grant or a keepalive; for a
+	// pooled lease handed out without a keepalive, the last renewal, which
+	// may be before the acquire began). The lease's expiry is never later
+	// than anchor + ttl by our count.
 	ttl    time.Duration
 	anchor time.Time
 	reg    *keyReg // the hub's interest in myKey
@@ -362,17 +362,18 @@ func (d *Driver) enqueueFresh(ctx context.Context, key string, secs int64) (*wai
 // of e: the grant's expiry counts from that keepalive's sending, and its
 // TTL is the lease's granted TTL. A lease renewed within the last tenth of
 // its granted TTL (poolFresh), by the lock it carried just before, gets no
-// keepalive: the grant has what is left of the lease, at least nine tenths
-// of its granted TTL. If e has run out (the put fails with "lease not
-// found", or the keepalive finds it gone) it returns errPoolStale; nothing
-// is left behind.
+// keepalive: the grant has its granted TTL from that renewal's sending (at
+// least nine tenths of it is left). If e has run out (the put fails with
+// "lease not found", or the keepalive finds it gone) it returns
+// errPoolStale; nothing is left behind.
 func (d *Driver) enqueuePooled(ctx context.Context, key string, secs int64, e pooled) (*waiter, bool, error) {
 	w := &waiter{d: d, key: key, secs: secs, el: e.el}
 	now := time.Now()
-	// Fresh: the grant's TTL is what is left of the lease from now.
-	fresh := renewal{ttl: e.expires.Sub(now), sent: now}
+	// Fresh: the lease lasts its granted TTL from the sending of its last
+	// renewal (or grant), as e.expires counts.
+	fresh := renewal{ttl: e.el.granted, sent: e.expires.Add(-e.el.granted)}
 	wait := func() []renewal { return []renewal{fresh} }
-	if fresh.ttl < e.el.granted-e.el.granted/poolFresh {
+	if e.expires.Sub(now) < e.el.granted-e.el.granted/poolFresh {
 		wait = d.ka.start(ctx, []clientv3.LeaseID{e.el.id})
 	}
 	first, err := w.join(ctx)

@@ -66,9 +66,7 @@ func (d *Driver) newLease(w *waiter) *lease { return &lease{w: w} }
 func (l *lease) Token() uint64 { return uint64(l.w.rev) }
 
 // TTL is what the etcd lease lasts from Anchor at least: the TTL the
-// server granted it, or, for a pooled lease handed out without a
-// keepalive, what was left of it (at least nine tenths of its granted
-// TTL).
+// server granted it.
 func (l *lease) TTL() time.Duration {
 	l.leaseMu.Lock()
 	defer l.leaseMu.Unlock()
@@ -79,8 +77,8 @@ func (l *lease) TTL() time.Duration {
 // grant (of the acquire, or of a move), the keepalive sent with the put of
 // a pooled lease, the waiter's last keepalive, or the last keepalive of
 // Refresh or RefreshBatch; for a pooled lease handed out without a
-// keepalive, when it was handed out (after the acquire began, as
-// backend.Anchored asks; TTL is then what was left).
+// keepalive, its last renewal's (or grant's) sending, which may be before
+// the acquire began (at most a tenth of the TTL before it).
 func (l *lease) Anchor() time.Time {
 	l.leaseMu.Lock()
 	defer l.leaseMu.Unlock()

@@ -340,8 +340,8 @@ func TestFreshPooledLeaseNoKeepalive(t *testing.T) {
 	if own, _ := etcd.OwnerOf(le); own.Lease != first {
 		t.Fatalf("the pooled lease was not reused (%x, then %x)", first, own.Lease)
 	}
-	if ttl := le.TTL(); ttl > 10*time.Second || ttl < 9*time.Second {
-		t.Errorf("TTL %v, want what is left of the 10s lease", ttl)
+	if ttl := le.TTL(); ttl != 10*time.Second {
+		t.Errorf("TTL %v, want the 10s the server granted the lease (counted from its last renewal)", ttl)
 	}
 	deadlineWithinServer(t, admin, le, "the grant's TTL is more than what was left of the lease")
 	if err := le.Release(t.Context()); err != nil {
