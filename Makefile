@@ -22,6 +22,25 @@ test:
 matrix:
 	DLOCK_MATRIX_UPDATE=1 scripts/test.sh -run TestMatrix -v ./tests/matrix/
 
+# The explorer (tests/matrix TestExplore): random operations and faults on
+# every backend, checked (issue 20). `make test` runs one run per backend
+# with a fresh seed; a failure prints its seed. SEED=N replays a run (the
+# same random draws; timing, and so some outcomes, may differ), BACKEND=B
+# chooses the backends (Redis, Redlock, etcd, ZooKeeper, comma-separated;
+# default all, in parallel), BUDGET how long a run issues operations
+# (default 60s):  make explore SEED=N BACKEND=etcd
+.PHONY: explore soak
+explore:
+	DLOCK_EXPLORE_SEED=$(SEED) DLOCK_EXPLORE_BACKEND=$(BACKEND) DLOCK_EXPLORE_BUDGET=$(BUDGET) \
+		scripts/test.sh -run TestExplore -v -timeout 0 ./tests/matrix/
+
+# Runs of the explorer with fresh seeds, one after another per backend
+# (backends in parallel), for DURATION (default 1h); BACKEND and BUDGET
+# as for explore:  make soak DURATION=1h
+soak:
+	DLOCK_EXPLORE_SOAK=$(or $(DURATION),1h) DLOCK_EXPLORE_BACKEND=$(BACKEND) DLOCK_EXPLORE_BUDGET=$(BUDGET) \
+		scripts/test.sh -run TestExplore -v -timeout 0 ./tests/matrix/
+
 # gofmt, go vet over every module, every module's go.mod/go.sum tidy on
 # its own (GOWORK=off: in the workspace a module could use a requirement
 # only another module states; cmd/dlock, which requires the other modules

@@ -1,0 +1,248 @@
+package matrix_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+	goredis "github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dlock-go/dlock/conformance/check"
+	"github.com/dlock-go/dlock/etcd"
+	"github.com/dlock-go/dlock/internal/redisx/redisscript"
+	"github.com/dlock-go/dlock/redis"
+	"github.com/dlock-go/dlock/redlock"
+	"github.com/dlock-go/dlock/zookeeper"
+)
+
+// auditor asks a backend's servers about a lease, directly (not through
+// any client's proxies). Each method returns "" when all is well, a
+// problem, or an error when the servers could not say.
+type auditor struct {
+	// held checks a lease held with Deadline dl: its lock is there and
+	// dl is not past the server's expiry for it.
+	held func(ctx context.Context, le *check.Lease, dl time.Time) (string, error)
+	// released checks that a released lease's lock is gone.
+	released func(ctx context.Context, le *check.Lease) (string, error)
+}
+
+// auditSlack absorbs rounding: a Deadline past the server's expiry by
+// less is not reported.
+const auditSlack = 5 * time.Millisecond
+
+func newAuditor(t *testing.T, b *backend, d *deployment) *auditor {
+	switch b.name {
+	case bEtcd:
+		return etcdAuditor(d.etcd)
+	case bRedis, bRedlock:
+		var cs []*goredis.Client
+		for _, a := range d.addrs() {
+			c := goredis.NewClient(&goredis.Options{Addr: a, MaxRetries: -1})
+			t.Cleanup(func() { _ = c.Close() })
+			cs = append(cs, c)
+		}
+		if b.name == bRedis {
+			return redisAuditor(cs[0])
+		}
+		return redlockAuditor(cs)
+	case bZooKeeper:
+		conn, _, err := zk.Connect(d.addrs(), 10*time.Second, zk.WithLogger(zkQuiet{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(conn.Close)
+		return zkAuditor(conn)
+	}
+	t.Fatalf("no auditor for %s", b.name)
+	return nil
+}
+
+// etcdAuditor: the lock key (etcd.OwnerOf) must exist with the lease's
+// token as its create revision, and the lease it is on (which may differ
+// from the one the client keeps alive) must last until the Deadline:
+// TimeToLive's remaining TTL is whole seconds, rounded down, counted
+// before its answer came back, so the lease ends before that answer plus
+// TTL+1 s.
+func etcdAuditor(admin *clientv3.Client) *auditor {
+	get := func(ctx context.Context, le *check.Lease) (*clientv3.GetResponse, etcd.Ownership, error) {
+		own, ok := etcd.OwnerOf(le.Lease)
+		if !ok {
+			return nil, own, errors.New("not an etcd lease")
+		}
+		g, err := admin.Get(ctx, own.Key)
+		return g, own, err
+	}
+	return &auditor{
+		held: func(ctx context.Context, le *check.Lease, dl time.Time) (string, error) {
+			g, own, err := get(ctx, le)
+			if err != nil {
+				return "", err
+			}
+			if len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != own.CreateRevision {
+				return fmt.Sprintf("its lock key %s (create revision %d) is gone", own.Key, own.CreateRevision), nil
+			}
+			id := clientv3.LeaseID(g.Kvs[0].Lease)
+			r, err := admin.TimeToLive(ctx, id)
+			done := time.Now()
+			if err != nil {
+				return "", err
+			}
+			if r.TTL < 0 {
+				return fmt.Sprintf("the lease its key is on (%x) is gone", int64(id)), nil
+			}
+			if end := done.Add(time.Duration(r.TTL+1) * time.Second); dl.After(end.Add(auditSlack)) {
+				kept := ""
+				if id != own.Lease {
+					kept = fmt.Sprintf(", not on lease %x, which the client keeps alive", int64(own.Lease))
+				}
+				return fmt.Sprintf("its key is on lease %x%s, which ends within %ds (granted %ds): the Deadline is %v past the server's expiry",
+					int64(id), kept, r.TTL+1, r.GrantedTTL, dl.Sub(end).Round(time.Millisecond)), nil
+			}
+			return "", nil
+		},
+		released: func(ctx context.Context, le *check.Lease) (string, error) {
+			g, own, err := get(ctx, le)
+			if err != nil {
+				return "", err
+			}
+			if len(g.Kvs) > 0 && g.Kvs[0].CreateRevision == own.CreateRevision {
+				return fmt.Sprintf("its lock key %s is still there (on lease %x)", own.Key, g.Kvs[0].Lease), nil
+			}
+			return "", nil
+		},
+	}
+}
+
+// redisProbe returns the PTTL of the lock key (KEYS[1]) and the fencing
+// counter (KEYS[2]), the token of the last grant.
+var redisProbe = goredis.NewScript(`return {redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0'}`)
+
+// redisLock returns the PTTL of key's lock on c and its fencing counter.
+func redisLock(ctx context.Context, c *goredis.Client, prefix, key string) (pttl int64, counter uint64, err error) {
+	lock := prefix + "{" + key + "}"
+	v, err := redisProbe.Run(ctx, c, []string{lock, lock + redisscript.FenceSuffix}).Slice()
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(v) != 2 {
+		return 0, 0, fmt.Errorf("probe: %v", v)
+	}
+	pttl, _ = v[0].(int64)
+	s, _ := v[1].(string)
+	counter, err = strconv.ParseUint(s, 10, 64)
+	return pttl, counter, err
+}
+
+// redisAuditor: the lock key must be there with the lease's token as the
+// fencing counter (no grant since), and its PTTL must cover the Deadline.
+func redisAuditor(c *goredis.Client) *auditor {
+	return &auditor{
+		held: func(ctx context.Context, le *check.Lease, dl time.Time) (string, error) {
+			pttl, counter, err := redisLock(ctx, c, redis.DefaultPrefix, le.Key())
+			done := time.Now()
+			switch {
+			case err != nil:
+				return "", err
+			case pttl < 0 || counter != uint64(le.Token()):
+				return fmt.Sprintf("its lock key is gone (PTTL %d, fencing counter %d)", pttl, counter), nil
+			case dl.After(done.Add(time.Duration(pttl)*time.Millisecond + auditSlack)):
+				return fmt.Sprintf("the lock key's PTTL is %dms: the Deadline is %v past the server's expiry",
+					pttl, dl.Sub(done.Add(time.Duration(pttl)*time.Millisecond)).Round(time.Millisecond)), nil
+			}
+			return "", nil
+		},
+		released: func(ctx context.Context, le *check.Lease) (string, error) {
+			pttl, counter, err := redisLock(ctx, c, redis.DefaultPrefix, le.Key())
+			if err != nil {
+				return "", err
+			}
+			if pttl >= 0 && counter == uint64(le.Token()) {
+				return fmt.Sprintf("its lock key is still there (PTTL %dms, no grant since)", pttl), nil
+			}
+			return "", nil
+		},
+	}
+}
+
+// redlockAuditor: a majority of the nodes must have the lock key with a
+// PTTL that covers the Deadline. Whose lock it is cannot be told (the
+// nodes' counters are not a consensus-grade token), and a released lock is
+// not checked for the same reason.
+func redlockAuditor(cs []*goredis.Client) *auditor {
+	quorum := len(cs)/2 + 1
+	return &auditor{
+		held: func(ctx context.Context, le *check.Lease, dl time.Time) (string, error) {
+			covered, answered := 0, 0
+			for _, c := range cs {
+				nctx, cancel := context.WithTimeout(ctx, time.Second)
+				pttl, _, err := redisLock(nctx, c, redlock.DefaultPrefix, le.Key())
+				cancel()
+				done := time.Now()
+				if err != nil {
+					continue
+				}
+				answered++
+				if pttl >= 0 && !dl.After(done.Add(time.Duration(pttl)*time.Millisecond+auditSlack)) {
+					covered++
+				}
+			}
+			if covered < quorum && covered+len(cs)-answered < quorum {
+				return fmt.Sprintf("only %d of %d nodes have the lock key until the Deadline (%d answered)", covered, len(cs), answered), nil
+			}
+			return "", nil
+		},
+		released: func(context.Context, *check.Lease) (string, error) { return "", nil },
+	}
+}
+
+// zkAuditor: the lock node (the child of the key's node whose czxid is the
+// lease's token) must be there. The session's expiry is not checked: a
+// ZooKeeper server does not tell when it will expire a session.
+func zkAuditor(conn *zk.Conn) *auditor {
+	find := func(le *check.Lease) (string, bool, error) {
+		parent := zookeeper.DefaultPrefix + "/" + le.Key()
+		// The admin's server may lag behind the client's: catch up
+		// with the leader first (reads are not linearizable).
+		if _, err := conn.Sync(parent); err != nil && !errors.Is(err, zk.ErrNoNode) {
+			return "", false, err
+		}
+		kids, _, err := conn.Children(parent)
+		if errors.Is(err, zk.ErrNoNode) {
+			return "", false, nil
+		}
+		if err != nil {
+			return "", false, err
+		}
+		for _, k := range kids {
+			ok, st, err := conn.Exists(parent + "/" + k)
+			if err != nil {
+				return "", false, err
+			}
+			if ok && st.Czxid == int64(le.Token()) {
+				return parent + "/" + k, true, nil
+			}
+		}
+		return "", false, nil
+	}
+	return &auditor{
+		held: func(_ context.Context, le *check.Lease, _ time.Time) (string, error) {
+			_, ok, err := find(le)
+			if err != nil || ok {
+				return "", err
+			}
+			return fmt.Sprintf("its lock node (czxid %d) is gone", le.Token()), nil
+		},
+		released: func(_ context.Context, le *check.Lease) (string, error) {
+			path, ok, err := find(le)
+			if err != nil || !ok {
+				return "", err
+			}
+			return fmt.Sprintf("its lock node %s is still there", path), nil
+		},
+	}
+}
