@@ -88,6 +88,9 @@ type exploreLease struct {
 	etcd clientv3.LeaseID
 	// unknown: a Refresh failed with an unknown outcome
 	unknown bool
+	// otherTTL: refreshed to another TTL than asked (the watchdog then
+	// keeps its own schedule, by the TTL asked)
+	otherTTL bool
 }
 
 // granted records a grant.
@@ -107,13 +110,11 @@ func (x *explorer) granted(le *check.Lease, asked time.Duration, auto bool) {
 // ErrNotHeld left it unknown.
 func (x *explorer) refreshed(le *check.Lease, ttl time.Duration, start time.Time, err error) {
 	x.trace(le.ID(), "Refresh(%v) %s..%s: %v; Deadline %s", ttl, x.at(start), x.at(time.Now()), err, x.at(le.Deadline()))
-	if err == nil || errors.Is(err, dlock.ErrNotHeld) {
-		return
-	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	l := x.leases[le.ID()]
-	l.unknown = true
+	l.otherTTL = l.otherTTL || (ttl != 0 && ttl != l.asked)
+	l.unknown = l.unknown || (err != nil && !errors.Is(err, dlock.ErrNotHeld))
 	x.leases[le.ID()] = l
 }
 
@@ -254,10 +255,13 @@ func (x *explorer) asked(id int) time.Duration {
 	return x.leases[id].asked
 }
 
+// isAuto reports whether lease id was auto-refreshed and never refreshed
+// to another TTL (which leaves the watchdog on its own schedule, by the
+// TTL asked: a shorter lease may run out before its next refresh).
 func (x *explorer) isAuto(id int) bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	return x.leases[id].auto
+	return x.leases[id].auto && !x.leases[id].otherTTL
 }
 
 // expiredBetween reports whether the explorer dropped key's lock between
@@ -461,6 +465,13 @@ func (c *xclient) hold(l *dlock.Locker, key string, ttl time.Duration, long bool
 		switch r := c.rng.IntN(20); {
 		case r < 3:
 			c.refresh(le, 0, ttl)
+		case r < 5 && auto:
+			// Not longer than the watchdog's TTL: its next refresh
+			// would shorten the lease again, and a lease shortened by
+			// a refresh in flight keeps its longer Deadline until the
+			// answer (a window this explorer would report; see
+			// TestExplore's doc).
+			c.refresh(le, c.shorterTTL(ttl), ttl)
 		case r < 5:
 			c.refresh(le, c.otherTTL(ttl), ttl)
 		case r < 5+lost:
@@ -492,7 +503,7 @@ func (c *xclient) shorterTTL(ttl time.Duration) time.Duration {
 		}
 	}
 	if len(in) == 0 {
-		return c.otherTTL(ttl)
+		return ttl
 	}
 	return in[c.rng.IntN(len(in))]
 }
