@@ -345,6 +345,21 @@ func TestLivenessCaught(t *testing.T) {
 		Err: fmt.Errorf("%w; last backend error: %w", context.DeadlineExceeded, dlock.ErrUnavailable)})
 	want(t, h, check.Options{Progress: time.Second})
 
+	// One cut by a timeout of the client's own (Redlock's per-node
+	// timeout, a network i/o timeout: a loaded machine, no fault) is a
+	// timeout too, judged by the progress rule; the same failure without
+	// Timeout() true is not.
+	for _, timeout := range []bool{true, false} {
+		h := newHist()
+		h.h.Add(check.Op{Kind: check.Acquire, Client: "b", Key: "k", Wait: true, Start: h.t(0), End: h.t(10),
+			Err: fmt.Errorf("%w: 4 of 5 nodes did not answer: %w", dlock.ErrUnavailable, timeoutErr(timeout))})
+		if timeout {
+			want(t, h, check.Options{Progress: time.Second})
+		} else {
+			want(t, h, check.Options{Progress: time.Second}, check.Liveness)
+		}
+	}
+
 	// An injected expiry of the key during the acquire excuses it (the
 	// waiter's own state may have been dropped); one of another key does
 	// not.
@@ -359,3 +374,9 @@ func TestLivenessCaught(t *testing.T) {
 		}
 	}
 }
+
+// timeoutErr is a node's error whose Timeout method reports t.
+type timeoutErr bool
+
+func (e timeoutErr) Error() string { return "no answer within the per-node timeout" }
+func (e timeoutErr) Timeout() bool { return bool(e) }

@@ -304,9 +304,17 @@ func (r *Register) Update(ctx context.Context, le *Lease, hold time.Duration) bo
 }
 
 // errUnavailable reports whether err is the backend failing, rather than
-// the acquire's own context ending (an attempt cut by the deadline is
-// reported as both; the progress rule judges waits that time out).
+// a timeout: the acquire's own context ending (an attempt cut by the
+// deadline is reported as both), or a request cut by a timeout of the
+// client's own (an error in the chain whose Timeout method reports true:
+// a network i/o timeout, Redlock's per-node timeout), which a loaded
+// machine causes with no fault injected. The progress rule judges those:
+// a lock that keeps timing out makes no progress.
 func errUnavailable(err error) bool {
+	var t interface{ Timeout() bool }
+	if errors.As(err, &t) && t.Timeout() {
+		return false
+	}
 	return errors.Is(err, dlock.ErrUnavailable) &&
 		!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
 }
