@@ -926,3 +926,33 @@ func TestDefaultMaxHoldSaturates(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A refresh to a shorter TTL pulls the Deadline in before it is sent: the
+// server shortens the lease when the request reaches it, and until the
+// reply comes back the Deadline must not claim the longer TTL. (Before, the
+// Deadline followed only once the reply came: for a refresh from 10s to 1s
+// it was 9s past the server's expiry meanwhile.)
+func TestShorteningRefreshPullsDeadlineInFirst(t *testing.T) {
+	d := &slowDriver{Driver: memory.NewDriver(memory.NewStore()), refreshed: make(chan slowRefresh)}
+	l := mustNew(t, d, nil)
+	defer l.Close()
+	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- le.Refresh(t.Context(), time.Second) }()
+	// The server has applied the refresh; its reply is held back.
+	for d.refreshes.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	inFlight := le.Deadline()
+	r := <-d.refreshed
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if bound := r.sent.Add(time.Second); inFlight.After(bound) {
+		t.Errorf("while the refresh to 1s was in flight (applied by the server), the Deadline was %v past the server's expiry",
+			inFlight.Sub(bound).Round(time.Millisecond))
+	}
+}

@@ -258,8 +258,27 @@ func (le *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 		return opErr("refresh", le.key, notHeld(err))
 	}
 	start := time.Now()
+	le.shortenFor(start, ttl)
 	granted, err := le.bl.Refresh(ctx, ttl)
-	return le.settle(ctx, start, ttl, granted, err)
+	err = le.settle(ctx, start, ttl, granted, err)
+	if err == nil && le.wd != nil {
+		// The watchdog's next refresh was planned for the old Deadline;
+		// one that is now sooner brings it forward.
+		le.l.wd.reschedule(le.wd, le.Deadline())
+	}
+	return err
+}
+
+// shortenFor pulls the Deadline in to what a refresh to ttl sent at start
+// leaves, if that is sooner: the server may apply a shorter TTL as soon as
+// the request reaches it, before its reply (if any) comes back, and the
+// Deadline must never be later than the server's expiry meanwhile.
+func (le *Lease) shortenFor(start time.Time, ttl time.Duration) {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	if d := start.Add(ttl - le.l.margin(ttl)); d.Before(le.deadline) && le.err == nil {
+		le.setDeadline(d)
+	}
 }
 
 // settle applies the outcome of a refresh to ttl requested at start: the
@@ -271,12 +290,10 @@ func (le *Lease) settle(ctx context.Context, start time.Time, ttl, granted time.
 			return opErr("refresh", le.key, err)
 		}
 		// The outcome is unknown: the server may have set the new TTL.
-		// If that is shorter than what is left, the deadline must follow.
-		le.mu.Lock()
-		if d := start.Add(ttl - le.l.margin(ttl)); d.Before(le.deadline) && le.err == nil {
-			le.setDeadline(d)
-		}
-		le.mu.Unlock()
+		// If that is shorter than what is left, the deadline must follow
+		// (the callers pulled it in before sending; a caller that did not
+		// is covered here).
+		le.shortenFor(start, ttl)
 		return opErr("refresh", le.key, err)
 	}
 	le.mu.Lock()

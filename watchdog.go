@@ -132,6 +132,23 @@ func dueAfter(now time.Time, interval time.Duration, deadline time.Time) time.Ti
 	return now.Add(interval)
 }
 
+// reschedule brings e's next refresh forward to what its lease's new
+// deadline (after a Refresh by hand) calls for, if that is sooner than
+// planned. An entry in a batch in flight is left to the batch, which
+// plans its next refresh when it ends.
+func (w *watchdog) reschedule(e *wdEntry, deadline time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if e.stopped || e.idx < 0 {
+		return
+	}
+	if due := dueAfter(time.Now(), e.interval, deadline); due.Before(e.due) {
+		e.due = due
+		heap.Fix(&w.q, e.idx)
+		w.wake()
+	}
+}
+
 // requeue schedules e's next refresh at due, unless it was stopped.
 func (w *watchdog) requeue(e *wdEntry, due time.Time) {
 	w.mu.Lock()
@@ -250,6 +267,7 @@ func (w *watchdog) run(b *wdBatch, batch []*wdEntry) {
 			w.drop(e)
 			continue
 		}
+		le.shortenFor(time.Now(), next) // near MaxHold, next is shorter
 		if d := le.Deadline(); d.After(latest) {
 			latest = d
 		}

@@ -331,3 +331,28 @@ func TestWatchdogFollowsShortGrant(t *testing.T) {
 		t.Errorf("Release: %v", err)
 	}
 }
+
+// An auto-refreshed lease refreshed by hand to a TTL shorter than a third of
+// the TTL asked is refreshed by the watchdog before that runs out: the
+// watchdog's next refresh is brought forward to the new Deadline. (Before,
+// it kept the schedule of the TTL asked, 1s after the last refresh, and the
+// 200ms lease ran out first.)
+func TestWatchdogFollowsShorterRefresh(t *testing.T) {
+	l := mustNew(t, memory.NewDriver(memory.NewStore()), nil)
+	defer l.Close()
+	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 3 * time.Second, AutoRefresh: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := le.Refresh(t.Context(), 200*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-le.Done():
+		t.Fatalf("the auto-refreshed lease ended after a Refresh to 200ms: %v", le.Err())
+	case <-time.After(2 * time.Second):
+	}
+	if err := le.Release(t.Context()); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+}
