@@ -25,5 +25,10 @@
 // ZooKeeper czxid); on Redlock it cannot, and the checker then treats
 // every lease pending at the expiry as possibly dropped.
 //
+// TestExplore (explore_test.go) runs random operations and faults on the
+// same framework instead of fixed scenarios, from a seed it prints: `make
+// explore SEED=N BACKEND=B` replays a run, `make soak DURATION=1h` runs
+// fresh seeds for a while, and `make test` runs one seed per backend.
+//
 // The package has only tests; it is not imported by the library.
 package matrix

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -124,14 +125,16 @@ func (x *explorer) at(t time.Time) string {
 }
 
 // trace notes what happened to lease id (what the history does not
-// record: refreshes, audits), for failure reports; the first 30 notes
+// record: refreshes, releases), for failure reports; the last 30 notes
 // per lease are kept.
 func (x *explorer) trace(id int, format string, args ...any) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if len(x.traces[id]) < 30 {
-		x.traces[id] = append(x.traces[id], fmt.Sprintf(format, args...))
+	tr := append(x.traces[id], fmt.Sprintf(format, args...))
+	if len(tr) > 30 {
+		tr = tr[len(tr)-30:]
 	}
+	x.traces[id] = tr
 }
 
 // releaseFailed records a Release of le that failed (the lock may or may
@@ -207,6 +210,15 @@ func newExplorer(t *testing.T, e *env, seed uint64) *explorer {
 		x.clients = append(x.clients, c)
 	}
 	x.g = x.clients[0].l.Guarantees()
+	// Only TTLs the backend grants (ZooKeeper: two thirds of the session
+	// timeout at most).
+	lim := x.clients[0].l.Limits()
+	x.ttls = slices.DeleteFunc(x.ttls, func(d time.Duration) bool { return d < lim.MinTTL || (lim.MaxTTL > 0 && d > lim.MaxTTL) })
+	if len(x.ttls) == 0 {
+		t.Fatalf("no TTL of the explorer's is within the backend's limits %+v", lim)
+	}
+	x.maxTTL = x.ttls[len(x.ttls)-1]
+	x.autoMin = min(x.autoMin, x.maxTTL)
 	return x
 }
 
