@@ -92,6 +92,7 @@ type exploreLease struct {
 	// otherTTL: refreshed to another TTL than asked (the watchdog then
 	// keeps its own schedule, by the TTL asked)
 	otherTTL bool
+	granted  time.Time // when the grant was recorded
 }
 
 // granted records a grant.
@@ -103,7 +104,7 @@ func (x *explorer) granted(le *check.Lease, asked time.Duration, auto bool) {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.leases[le.ID()] = exploreLease{asked: asked, auto: auto, etcd: id}
+	x.leases[le.ID()] = exploreLease{asked: asked, auto: auto, etcd: id, granted: time.Now()}
 }
 
 // refreshed records the outcome of a Refresh of le to ttl, invoked at
@@ -434,7 +435,10 @@ func (c *xclient) auditLease(le *check.Lease, asked time.Duration) {
 	if strings.Contains(problem, "gone") {
 		kind = kindGoneHeld
 	}
-	x.find(le.ID(), start, time.Now(), kind, "lease #%d (%s, key %q, token %d, TTL %v asked %v, Deadline %v ahead): %s",
+	x.mu.Lock()
+	from := earliest(x.leases[le.ID()].granted, start) // the faults of the lease's life count
+	x.mu.Unlock()
+	x.find(le.ID(), from, time.Now(), kind, "lease #%d (%s, key %q, token %d, TTL %v asked %v, Deadline %v ahead): %s",
 		le.ID(), c.name, le.Key(), le.Token(), le.TTL(), asked, dl.Sub(start).Round(time.Millisecond), problem)
 }
 
