@@ -806,7 +806,10 @@ func (c *xclient) closeDuring() {
 	auto := ttl >= x.autoMin && c.rng.IntN(2) == 0
 	hold := time.Duration(c.rng.IntN(500)) * time.Millisecond
 	after := time.Duration(c.rng.IntN(400)) * time.Millisecond
-	var wg sync.WaitGroup
+	var (
+		wg   sync.WaitGroup
+		held *check.Lease // granted in the goroutine; read after wg.Wait
+	)
 	wg.Go(func() {
 		ctx, cancel := context.WithTimeout(x.t.Context(), 5*time.Second)
 		defer cancel()
@@ -815,14 +818,24 @@ func (c *xclient) closeDuring() {
 		if err != nil {
 			return
 		}
+		held = le
 		x.granted(le, ttl, auto)
 		x.regs[key].Update(ctx, le, hold)
 		x.add("op release")
 		_ = le.Release(ctx)
 	})
 	time.Sleep(after)
+	closing := time.Now()
 	_ = l.Close()
+	closed := time.Now()
 	wg.Wait()
+	if held != nil {
+		// Close releases what the Locker holds: the lease is no longer
+		// valid from the moment Close is invoked, as from a Release's
+		// (its Done fires only once the lock is given back).
+		x.e.h.Add(check.Op{Kind: check.Release, Client: c.name, Key: key, Lease: held.ID(),
+			Start: closing, End: closed, Deadline: held.Deadline(), Err: dlock.ErrClosed})
+	}
 	// A new Locker, as a restarted process would open.
 	for time.Now().Before(x.end.Add(time.Minute)) {
 		ctx, cancel := context.WithTimeout(x.t.Context(), 30*time.Second)
