@@ -81,6 +81,11 @@ import (
 //
 // `make explore SEED=N BACKEND=B` replays a run, `make soak DURATION=1h`
 // soaks; `make test` runs one run per backend with a fresh seed.
+//
+// On the etcd lease pool before its fixes (issue 20, 2a-2c), 60s runs
+// found each defect within the run: the decaying grant in 20 of 20
+// seeds, a recycled lease revoked under its next holder in 10, a key
+// kept on a lease nobody renews in 17.
 func TestExplore(t *testing.T) {
 	if os.Getenv("DLOCK_TEST_NETWORK") != "host" {
 		msg := "the explorer needs host networking (DLOCK_TEST_NETWORK=host), as the fault matrix does: restarted servers must keep their ports"
