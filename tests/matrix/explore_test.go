@@ -47,20 +47,21 @@ import (
 // by the backend, or the key found gone) unless the explorer dropped its
 // lock, nor an auto-refreshed one while no fault was injected.
 //
-// Two things are left out on purpose, as the library does them today: an
-// auto-refreshed lease refreshed by hand to a TTL shorter than a third of
-// the TTL asked runs out before the watchdog's next refresh (it keeps its
-// schedule, by the TTL asked), so such a lease's loss is not reported; and
-// a refresh that shortens a lease changes the server's expiry before the
-// client's Deadline follows (when the answer comes), so an auto-refreshed
-// lease is never refreshed by hand to a TTL longer than asked (the
-// watchdog's next refresh would shorten it while an audit may look).
+// An auto-refreshed lease is also refreshed by hand, to shorter and
+// longer TTLs than asked: the watchdog must follow (an early version of
+// this explorer left that out, as the library then lost such leases and
+// let a shortening refresh in flight claim the longer Deadline: both fixed
+// in 14a0209).
 //
 // A consensus backend (etcd, ZooKeeper) may show none of these. A
 // clock-dependent one (Redis, Redlock) may show its documented unsafety
-// only where the faults admit it: around server crashes that lost the
-// lock on more servers than its Guarantees tolerate (the matrix's crash
-// rule, crashUnsafe).
+// only where the faults admit it: around a crash of a server that keeps
+// its locks in memory during the lease's life. Redlock's Guarantees say
+// its exclusion rests on "nodes that restart without the lock staying down
+// for a TTL", and the explorer restarts them at once: a grant that reached
+// only a bare majority loses it with one such crash, whatever
+// ToleratedFailures (which counts nodes that may be down, not restarted
+// empty).
 //
 // Each run has a seed, logged at its start and with every failure; the
 // seed fixes every random draw (the operations, their parameters, the
@@ -316,9 +317,9 @@ func latest(ts ...time.Time) time.Time {
 // admits says why the faults of the run admit a violation seen between
 // from and to, or "" if they do not: a backend that issues no
 // consensus-grade tokens or rests on clocks (Redis, Redlock) loses locks
-// in crashes of servers that keep them in memory, and admits a violation
-// near more such crashes than its Guarantees tolerate; a consensus
-// backend admits none.
+// in crashes of servers that keep them in memory, restarted at once, and
+// admits a violation near any such crash (see TestExplore's doc); a
+// consensus backend admits none.
 func (x *explorer) admits(from, to time.Time) string {
 	g := x.g
 	if g.Fencing == dlock.FencingConsensus && !g.ClockDependent {
@@ -332,8 +333,8 @@ func (x *explorer) admits(from, to time.Time) string {
 			n++
 		}
 	}
-	if crashUnsafe(n, g) {
-		return fmt.Sprintf("%d server crashes without persistence around it, %d tolerated", n, g.ToleratedFailures)
+	if n > 0 {
+		return fmt.Sprintf("%d server crashes without persistence (restarted at once) around it", n)
 	}
 	return ""
 }
