@@ -476,7 +476,7 @@ if ! $have_pkg; then
 	set -- "$@" "${all_pkgs[@]}"
 fi
 
-step "go test -race -count=1 -v $*"
+step "go test -race -count=1 -timeout 30m -v $*"
 # The full verbose log goes to a file; the console shows each package's
 # result, every top-level test of the conformance suite (so the log shows
 # which backends ran it), and anything that failed or skipped.
@@ -490,7 +490,9 @@ fi
 note "full log: $log"
 start=$SECONDS
 status=0
-go test -race -count=1 -v "$@" >"$log" 2>&1 || status=$?
+# -timeout 30m: tests/matrix (the fault matrix and the explorer) takes
+# several minutes on a loaded machine, near go test's default of 10.
+go test -race -count=1 -timeout 30m -v "$@" >"$log" 2>&1 || status=$?
 grep -E '^(ok|FAIL|panic:|\?|--- PASS: TestConformance|--- (FAIL|SKIP)|\s+--- (FAIL|SKIP)|\s+[a-z_]+\.go:[0-9]+:)' "$log" |
 	sed -E 's/^--- PASS: (TestConformance[^ ]*)/    conformance suite passed: \1/' || true
 note "go test finished in $((SECONDS - start))s with status $status (full log: $log)"
