@@ -261,9 +261,10 @@ func (le *Lease) refresh(ctx context.Context, ttl time.Duration) error {
 	le.shortenFor(start, ttl)
 	granted, err := le.bl.Refresh(ctx, ttl)
 	err = le.settle(ctx, start, ttl, granted, err)
-	if err == nil && le.wd != nil {
+	if le.wd != nil {
 		// The watchdog's next refresh was planned for the old Deadline;
-		// one that is now sooner brings it forward.
+		// one that is now sooner (a shorter TTL, granted or pulled in
+		// by a refresh whose outcome is unknown) brings it forward.
 		le.l.wd.reschedule(le.wd, le.Deadline())
 	}
 	return err

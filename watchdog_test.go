@@ -356,3 +356,30 @@ func TestWatchdogFollowsShorterRefresh(t *testing.T) {
 		t.Errorf("Release: %v", err)
 	}
 }
+
+// The same when the Refresh by hand fails with an unknown outcome: the
+// Deadline was pulled in to the shorter TTL (the server may have applied
+// it), and the watchdog's next refresh must come before that, not at its
+// old time.
+func TestWatchdogFollowsFailedShorterRefresh(t *testing.T) {
+	d := &flakyDriver{Driver: memory.NewDriver(memory.NewStore())}
+	l := mustNew(t, d, nil)
+	defer l.Close()
+	le, err := l.TryAcquire(t.Context(), "k", &dlock.AcquireOptions{TTL: 3 * time.Second, AutoRefresh: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.lostReply.Store(true) // applied, but the reply is lost
+	if err := le.Refresh(t.Context(), 300*time.Millisecond); !errors.Is(err, dlock.ErrUnavailable) {
+		t.Fatalf("Refresh with its reply lost: %v, want ErrUnavailable", err)
+	}
+	d.lostReply.Store(false)
+	select {
+	case <-le.Done():
+		t.Fatalf("the auto-refreshed lease ended after a failed Refresh to 300ms: %v", le.Err())
+	case <-time.After(2 * time.Second):
+	}
+	if err := le.Release(t.Context()); err != nil {
+		t.Errorf("Release: %v", err)
+	}
+}
