@@ -132,6 +132,14 @@ func dueAfter(now time.Time, interval time.Duration, deadline time.Time) time.Ti
 	return now.Add(interval)
 }
 
+// earliest returns the earlier of a and b.
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
 // reschedule brings e's next refresh forward to what its lease's new
 // deadline (after a Refresh by hand) calls for, if that is sooner than
 // planned. An entry in a batch in flight is left to the batch, which
@@ -251,8 +259,12 @@ func (w *watchdog) run(b *wdBatch, batch []*wdEntry) {
 	for _, e := range batch {
 		le := e.le
 		if !le.opMu.TryLock() {
-			// A Refresh or Release call is under way: look again later.
-			w.requeue(e, time.Now().Add(e.interval/3))
+			// A Refresh or Release call is under way: look again later,
+			// and before the Deadline asks for it (a Refresh by hand to
+			// a shorter TTL finds the entry out of the heap, so its
+			// reschedule cannot bring it forward).
+			now := time.Now()
+			w.requeue(e, earliest(now.Add(e.interval/3), dueAfter(now, e.interval, le.Deadline())))
 			continue
 		}
 		if le.Err() != nil {
