@@ -1,0 +1,84 @@
+package urlparam_test
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/urlparam"
+)
+
+// writeSelfSigned writes a self-signed certificate and its key as PEM files
+// in dir and returns their paths.
+func writeSelfSigned(t *testing.T, dir string) (certFile, keyFile string) {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalPKCS8PrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile
+}
+
+func TestTLSConfig(t *testing.T) {
+	dir := t.TempDir()
+	cert, key := writeSelfSigned(t, dir)
+	notPEM := filepath.Join(dir, "not.pem")
+	if err := os.WriteFile(notPEM, []byte("hello"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	tc, err := urlparam.TLSConfig("redis", cert, cert, key, "db.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tc.RootCAs == nil || len(tc.Certificates) != 1 || tc.ServerName != "db.example" || tc.InsecureSkipVerify {
+		t.Errorf("TLSConfig = %+v; want the CA pool, one client certificate, the server name, verification on", tc)
+	}
+	if tc, err := urlparam.TLSConfig("redis", "", "", "", ""); err != nil || tc.RootCAs != nil || tc.InsecureSkipVerify {
+		t.Errorf("TLSConfig with no files = %+v, %v; want the system pool, verification on", tc, err)
+	}
+
+	for _, c := range []struct{ name, ca, cert, key, want string }{
+		{"missing ca", filepath.Join(dir, "absent.pem"), "", "", "parameter ca"},
+		{"ca without PEM", notPEM, "", "", "no PEM certificate"},
+		{"cert without key", "", cert, "", "cert and key go together"},
+		{"key without cert", "", "", key, "cert and key go together"},
+		{"key not matching", "", cert, notPEM, "client certificate"},
+	} {
+		_, err := urlparam.TLSConfig("redis", c.ca, c.cert, c.key, "")
+		if !errors.Is(err, backend.ErrInvalidConfig) || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(strings.TrimPrefix(err.Error(), backend.ErrInvalidConfig.Error()+": "), "redis: ") {
+			t.Errorf("%s: err = %v; want ErrInvalidConfig naming redis and %q", c.name, err, c.want)
+		}
+	}
+}
