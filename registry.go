@@ -97,14 +97,63 @@ func (m *URLMux) LockerSchemes() []string {
 func (m *URLMux) OpenLocker(ctx context.Context, rawURL string) (*Locker, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		// A url.Error quotes the whole URL, password included.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return nil, opErr("open", "", fmt.Errorf("%w: bad URL: %w", ErrInvalidConfig, err))
+		// Not err itself: a url.Error quotes the whole URL, and its inner
+		// error part of it (`invalid port ":S3cr" after host` for a
+		// password holding a '/'), password included.
+		return nil, opErr("open", "", fmt.Errorf("%w: %s that does not parse (%s); its text is not shown, as it may hold a password",
+			ErrInvalidConfig, urlScheme(rawURL), urlProblem(err)))
 	}
 	return m.OpenLockerURL(ctx, u)
+}
+
+// urlScheme names the scheme of rawURL, a URL that does not parse, without
+// the rest of its text: `a "redis" URL`, or "a URL without a valid scheme"
+// if it does not begin with one (RFC 3986: a letter, then letters, digits,
+// '+', '-' or '.') followed by "://".
+func urlScheme(rawURL string) string {
+	scheme, _, ok := strings.Cut(rawURL, "://")
+	if !ok || scheme == "" || !isSchemeLetter(scheme[0]) {
+		return "a URL without a valid scheme"
+	}
+	for i := 1; i < len(scheme); i++ {
+		c := scheme[i]
+		if !isSchemeLetter(c) && !('0' <= c && c <= '9') && c != '+' && c != '-' && c != '.' {
+			return "a URL without a valid scheme"
+		}
+	}
+	return fmt.Sprintf("a %q URL", strings.ToLower(scheme))
+}
+
+func isSchemeLetter(c byte) bool { return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' }
+
+// urlProblem is the kind of problem url.Parse found, in words of our own:
+// its errors quote the text around the problem, which may be a password.
+func urlProblem(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	var escErr url.EscapeError
+	var hostErr url.InvalidHostError
+	switch msg := err.Error(); {
+	case errors.As(err, &escErr):
+		return "a malformed %-escape"
+	case errors.As(err, &hostErr):
+		return "a character not allowed in a host name"
+	case strings.HasPrefix(msg, "invalid port "):
+		return "a port that is not a number: a '/', '?' or '#' in a password must be %-escaped"
+	case strings.Contains(msg, "invalid userinfo"):
+		return "a character not allowed in the user name or password: %-escape it"
+	case strings.Contains(msg, "control character"):
+		return "a control character"
+	case strings.Contains(msg, "missing protocol scheme"):
+		return "no scheme"
+	case strings.Contains(msg, "cannot contain colon"):
+		return "a colon before any '/'"
+	case strings.Contains(msg, "IP-literal"), strings.Contains(msg, "missing ']'"):
+		return "a malformed IPv6 address"
+	}
+	return "malformed"
 }
 
 // OpenLockerURL returns a Locker for u, opened by the URLOpener registered

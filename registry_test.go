@@ -345,3 +345,42 @@ func mustMem(t testing.TB, s *memory.Store, opts *dlock.Options) *dlock.Locker {
 	}
 	return l
 }
+
+// TestOpenBadURLHidesPassword: a URL that does not parse is refused
+// (ErrInvalidConfig) with its scheme and the kind of problem, never its
+// text: Go's url.Parse errors quote the URL or a part of it, which may be
+// the password (issue 21, finding 3).
+func TestOpenBadURLHidesPassword(t *testing.T) {
+	for _, tc := range []struct {
+		raw, secret, want string
+	}{
+		// A bad %-escape in the password: url.Error quotes the whole URL.
+		{"redis://app:p%zzSECRET@localhost:6379", "SECRET", `a "redis" URL`},
+		// A '/' in the password ends the host: "invalid port \":S3cr\" after host".
+		{"redis://app:S3cr/et@localhost:6379", "S3cr", `a "redis" URL`},
+		{"etcd://app:S3cr#et@localhost:2379", "S3cr", `a "etcd" URL`},
+		{"zk://app:S3cr?et@localhost:2181", "S3cr", `a "zk" URL`},
+		// A control character; no valid scheme.
+		{"redis://app:S3cret\x7f@localhost:6379", "S3cret", `a "redis" URL`},
+		{"1redis://app:S3cr/et@localhost", "S3cr", "a URL without a valid scheme"},
+	} {
+		if _, err := url.Parse(tc.raw); err == nil {
+			t.Fatalf("url.Parse(%q) succeeds: not a test of a bad URL", tc.raw)
+		}
+		_, err := dlock.Open(t.Context(), tc.raw)
+		_, cerr := dlock.Config{Correctness: tc.raw}.Open(t.Context(), dlock.Correctness)
+		for _, err := range []error{err, cerr} {
+			if !errors.Is(err, dlock.ErrInvalidConfig) {
+				t.Errorf("Open(%q): %v, want ErrInvalidConfig", tc.raw, err)
+				continue
+			}
+			msg := err.Error()
+			if strings.Contains(msg, tc.secret) {
+				t.Errorf("Open(%q): error %q shows the password (%q)", tc.raw, msg, tc.secret)
+			}
+			if !strings.Contains(msg, tc.want) || !strings.Contains(msg, "does not parse") {
+				t.Errorf("Open(%q): error %q, want it to name %s that does not parse", tc.raw, msg, tc.want)
+			}
+		}
+	}
+}
