@@ -11,7 +11,9 @@ var _ backend.Inspector = (*Driver)(nil)
 
 // Inspect implements backend.Inspector: it reads the lock key's existence
 // and PTTL and the key's fencing counter in one MULTI/EXEC, writing
-// nothing. The token is the counter, which holds the token of the last
+// nothing, and at most a bounded prefix of each value (a large value
+// planted under the prefix is not read whole; the key is reported held, it
+// blocks every acquire, with token 0). The token is the counter, which holds the token of the last
 // grant (the holder's) — 0 if the counter is gone while the lock key is
 // there: lost (a restart or failover that lost it but not the lock key), or
 // expired (FenceRetention after the grant's TTL, under a lock refreshed for

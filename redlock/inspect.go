@@ -18,7 +18,9 @@ func (d *Driver) inspectTimeout() time.Duration { return max(d.nodeTimeout, time
 
 // Inspect implements backend.Inspector. It reads the lock key, its PTTL and
 // its fencing counter on every node at once (each in one MULTI/EXEC,
-// within inspectTimeout), writing nothing. The key is held when a majority
+// within inspectTimeout), writing nothing, and at most a bounded prefix of
+// each value (a large value planted under the prefix is not read whole on
+// any node). The key is held when a majority
 // of the nodes hold it with the same ownership value; TTL is then the least
 // PTTL among them. Token is 0 (unknown): a grant's token is the largest
 // counter of the majority that answered first, and the nodes' counters

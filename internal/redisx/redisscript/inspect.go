@@ -11,13 +11,24 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 )
 
+// ValueBound is the most bytes [Inspect] reads of a lock value or a fencing
+// counter. The backends write at most 33-byte values (32 hex digits and the
+// waited-for mark) and 20-digit counters; a longer value was put there by
+// someone else, and reading all of it (a value can be 512 MB) would cost the
+// inspecting process that much memory, on every node for Redlock.
+const ValueBound = 64
+
 // Snapshot is what [Inspect] reads of one lock on one server.
 type Snapshot struct {
 	// Held: the lock key exists.
 	Held bool
 	// Value is the holder's ownership value, without the waited-for
-	// mark ('+', see acquire.lua).
+	// mark ('+', see acquire.lua); for a Foreign value, its first
+	// ValueBound bytes.
 	Value string
+	// Foreign: the value is longer than ValueBound bytes, so no grant of
+	// the backends wrote it (Value and Waited are then not meaningful).
+	Foreign bool
 	// Waited: a waiter has marked the lock (acquire.lua appends '+').
 	Waited bool
 	// PTTL is the time left on the lock key, 0 if it has no expiry.
@@ -28,37 +39,43 @@ type Snapshot struct {
 }
 
 // Inspect reads the lock key lk and its fencing counter (lk + FenceSuffix)
-// in one MULTI/EXEC (both are in one hash slot), writing nothing.
+// in one MULTI/EXEC (both are in one hash slot), writing nothing. It reads
+// at most ValueBound bytes of each value (GETRANGE, with STRLEN for the
+// value's length).
 func Inspect(ctx context.Context, c goredis.Cmdable, lk string) (Snapshot, error) {
 	var get, ctr *goredis.StringCmd
+	var size *goredis.IntCmd
 	var pttl *goredis.DurationCmd
 	_, err := c.TxPipelined(ctx, func(p goredis.Pipeliner) error {
-		get = p.Get(ctx, lk)
 		pttl = p.PTTL(ctx, lk)
-		ctr = p.Get(ctx, lk+FenceSuffix)
+		get = p.GetRange(ctx, lk, 0, ValueBound-1)
+		size = p.StrLen(ctx, lk)
+		ctr = p.GetRange(ctx, lk+FenceSuffix, 0, ValueBound-1)
 		return nil
 	})
-	if err != nil && !errors.Is(err, goredis.Nil) {
+	if err != nil {
 		return Snapshot{}, err
 	}
 	var s Snapshot
-	v, err := get.Result()
-	switch {
-	case errors.Is(err, goredis.Nil):
+	// PTTL is -2 for a missing key, -1 for one without expiry (go-redis
+	// keeps both as they are).
+	d := pttl.Val()
+	if d == -2 {
 		return s, nil
-	case err != nil:
-		return Snapshot{}, err
 	}
 	s.Held = true
-	s.Value, s.Waited = strings.CutSuffix(v, "+")
-	if d, err := pttl.Result(); err == nil && d > 0 {
+	if d > 0 {
 		s.PTTL = d
 	}
-	if cs, err := ctr.Result(); err == nil {
-		s.Counter, _ = strconv.ParseUint(cs, 10, 64)
-	} else if !errors.Is(err, goredis.Nil) {
-		return Snapshot{}, err
+	v := get.Val()
+	if s.Foreign = size.Val() > ValueBound; s.Foreign {
+		s.Value = v
+	} else {
+		s.Value, s.Waited = strings.CutSuffix(v, "+")
 	}
+	// A missing counter reads as "" (GETRANGE), a foreign one as its
+	// first ValueBound bytes: neither parses.
+	s.Counter, _ = strconv.ParseUint(ctr.Val(), 10, 64)
 	return s, nil
 }
 
