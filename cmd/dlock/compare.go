@@ -196,8 +196,14 @@ func runCompare(ctx context.Context, e *env, args []string) int {
 			if len(keys) >= cmpKeysLimit {
 				more = ", ..."
 			}
+			// Quoted: the keys are the server's, and may hold anything,
+			// escape sequences for the terminal included.
+			quoted := make([]string, len(keys))
+			for i, k := range keys {
+				quoted[i] = strconv.Quote(k)
+			}
 			fmt.Fprintf(e.stderr, "dlock compare: %s: refusing to run: the key space under prefix %q is not empty (%s%s); choose another --prefix\n",
-				t.name, p, strings.Join(keys, ", "), more)
+				t.name, p, strings.Join(quoted, ", "), more)
 			return exitFailure
 		}
 	}

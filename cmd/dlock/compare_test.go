@@ -334,3 +334,24 @@ func TestCompareInterrupt(t *testing.T) {
 		t.Errorf("keys under the prefix after the interrupted run: %q, %v; want none", keys, err)
 	}
 }
+
+// The keys compare names when it refuses a busy key space are quoted: a
+// key planted with an escape sequence (here one that clears the screen)
+// reaches the terminal as text, never as raw control bytes (issue 21,
+// finding 9).
+func TestCompareQuotesKeys(t *testing.T) {
+	redisAddr := servers.Redis(t, 1)[0].Addr()
+	const key = "planted\x1b[2J\x1b[Hkey"
+	le := compareHold(t, "redis://"+redisAddr+"?prefix=esc:", key)
+	out, errOut, code, _ := runCompareBin(t, nil, "compare", "--duration", "2s", "--prefix", "esc", "redis://"+redisAddr)
+	if code != 1 || !strings.Contains(errOut, "refusing to run") {
+		t.Fatalf("exit status %d, want 1 and a refusal\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if strings.ContainsRune(out+errOut, 0x1b) {
+		t.Errorf("the output holds a raw ESC byte: %q", out+errOut)
+	}
+	if want := `"planted\x1b[2J\x1b[Hkey"`; !strings.Contains(errOut, want) {
+		t.Errorf("stderr %q does not name the key quoted, %s", errOut, want)
+	}
+	compareStillHeld(t, "redis://"+redisAddr+"?prefix=esc:", le)
+}

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -126,10 +127,33 @@ func openErr(ctx context.Context, rawURL string, err error) error {
 	return fmt.Errorf("%s: %w", what, err)
 }
 
-// redacted is rawURL without its password, if it has one.
+// redacted is rawURL as it may be printed: without its password if it
+// parses; if it does not, only its scheme ("redis://…"), or "<a URL that
+// does not parse>" if it does not begin with a valid scheme and "://".
+// The text of a URL that does not parse is never shown: where its
+// password ends is unknown.
 func redacted(rawURL string) string {
-	if u, err := url.Parse(rawURL); err == nil && u.User != nil {
+	u, err := url.Parse(rawURL)
+	switch {
+	case err != nil:
+		if scheme, _, ok := strings.Cut(rawURL, "://"); ok && validScheme(scheme) {
+			return scheme + "://…"
+		}
+		return "<a URL that does not parse>"
+	case u.User != nil:
 		return u.Redacted()
 	}
 	return rawURL
+}
+
+// validScheme reports whether s is a URL scheme (RFC 3986): a letter, then
+// letters, digits, '+', '-' or '.'.
+func validScheme(s string) bool {
+	for i, c := range []byte(s) {
+		letter := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
+		if !letter && (i == 0 || !('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.')) {
+			return false
+		}
+	}
+	return s != ""
 }
