@@ -25,6 +25,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"time"
 
@@ -70,12 +71,35 @@ func open(ctx context.Context, rawURL string) (*dlock.Locker, error) {
 	return locker, nil
 }
 
-// redacted is rawURL without its password, if it has one.
+// redacted is rawURL as it may be printed: without its password if it
+// parses; if it does not, only its scheme ("redis://…"), or "<a URL that
+// does not parse>" if it does not begin with a valid scheme and "://".
+// The text of a URL that does not parse is never shown: where its
+// password ends is unknown. (cmd/dlock has the same function.)
 func redacted(rawURL string) string {
-	if u, err := url.Parse(rawURL); err == nil && u.User != nil {
+	u, err := url.Parse(rawURL)
+	switch {
+	case err != nil:
+		if scheme, _, ok := strings.Cut(rawURL, "://"); ok && validScheme(scheme) {
+			return scheme + "://…"
+		}
+		return "<a URL that does not parse>"
+	case u.User != nil:
 		return u.Redacted()
 	}
 	return rawURL
+}
+
+// validScheme reports whether s is a URL scheme (RFC 3986): a letter, then
+// letters, digits, '+', '-' or '.'.
+func validScheme(s string) bool {
+	for i, c := range []byte(s) {
+		letter := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
+		if !letter && (i == 0 || !('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.')) {
+			return false
+		}
+	}
+	return s != ""
 }
 
 func run(ctx context.Context, rawURL string) error {

@@ -113,3 +113,26 @@ func TestDemoOpenFails(t *testing.T) {
 		t.Errorf("stderr:\n%s\nwant a line with %q and the cause (connection refused), without the password", errOut, want)
 	}
 }
+
+// A URL that does not parse is named by its scheme alone, never its text:
+// it may hold a password (issue 21, finding 3). Bad escapes and a '/' in
+// the password (which url.Parse's own error quotes as a port).
+func TestDemoBadURLHidesPassword(t *testing.T) {
+	bin := build(t)
+	for _, tc := range []struct{ raw, secret string }{
+		{"redis://app:p%zzSECRET@localhost:6379", "SECRET"},
+		{"redis://app:S3cr/et@localhost:6379", "S3cr"},
+	} {
+		out, errOut, err := demo(t, bin, tc.raw)
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+			t.Errorf("dlock-demo %s: %v, want exit status 1", tc.raw, err)
+		}
+		if strings.Contains(out+errOut, tc.secret) {
+			t.Errorf("dlock-demo %s printed the password %q:\nstdout:\n%s\nstderr:\n%s", tc.raw, tc.secret, out, errOut)
+		}
+		if !strings.Contains(errOut, "opening redis://…") {
+			t.Errorf("dlock-demo %s: stderr %q does not name the scheme", tc.raw, errOut)
+		}
+	}
+}
