@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,7 +34,9 @@ const cleanupTimeout = 2 * time.Second
 // Options configure the Redlock backend. The zero value (or nil) is valid.
 type Options struct {
 	// Prefix is put before every key. Default DefaultPrefix ("dlock:"),
-	// the single-Redis backend's, whose key layout Redlock shares.
+	// the single-Redis backend's, whose key layout Redlock shares; it
+	// must not contain '{' or '}' (the lock key is prefix + "{" + key +
+	// "}").
 	Prefix string
 	// DriftFactor is the share of the TTL allowed for clock drift between
 	// the nodes and this process: a grant is valid for
@@ -121,6 +124,8 @@ func NewDriver(ctx context.Context, nodes []goredis.UniversalClient, opts *Optio
 		return bad("DriftFactor %v: want 0 (default) up to 0.5", o.DriftFactor)
 	case o.NodeTimeout < 0:
 		return bad("negative NodeTimeout %v", o.NodeTimeout)
+	case strings.ContainsAny(o.Prefix, "{}"):
+		return bad("prefix %q contains '{' or '}' (the lock key is the Cluster hash tag)", o.Prefix)
 	}
 	seen := map[goredis.UniversalClient]int{}
 	var servers []server
