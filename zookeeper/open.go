@@ -17,17 +17,27 @@ import (
 
 func init() {
 	dlock.DefaultURLMux().RegisterLocker("zk", &URLOpener{})
+	dlock.DefaultURLMux().RegisterLocker("zks", &URLOpener{})
 }
 
-// URLOpener opens zk:// URLs:
+// URLOpener opens zk:// and zks:// (TLS) URLs:
 //
 //	zk://[user:password@]host1:2181,host2:2181[/prefix]?session_timeout=30s&ttl=15s
+//	zks://alice:secret@host1:2281/locks?ca=ca.pem&acl=digest:alice:<digest>:cdrwa,digest:bob:<digest>:cdrwa
 //
 // The path is the prefix znode (default /dlock). user:password turns on
-// digest authentication. Parameters: ttl (every backend), session_timeout
-// (default 40s), tick_time (the servers' tickTime, default 2s; see
-// Options.TickTime), dial_timeout (default 5s; the bound on the wait for a
-// session). The package registers a zero URLOpener on
+// digest authentication (Options.Auth). Parameters: ttl (every backend),
+// session_timeout (default 40s), tick_time (the servers' tickTime, default
+// 2s; see Options.TickTime), dial_timeout (default 5s; the bound on the
+// wait for a session), acl (Options.ACL: entries scheme:id:perms separated
+// by commas, as zkCli writes them, such as world:anyone:r or
+// digest:bob:<base64 of SHA-1 of bob:password>:cdrwa; write a '+' of a
+// digest as %2B; ids holding a comma, such as x509 names, are for
+// Options.ACL only); for zks (TLS, the servers' secureClientPort): ca (a
+// PEM file of the CAs to trust, default the system's), cert and key (PEM
+// files of a client certificate and its key; both or neither),
+// server_name (the name to verify, default the host dialled). The
+// package registers a zero URLOpener on
 // dlock.DefaultURLMux; register one of your own on a dlock.URLMux to open
 // URLs with your own Logger or Options (Options.Dialer opens the
 // connections to the servers the URL names). There is no client to pass:
@@ -140,8 +150,8 @@ func parseURLTimeout(u *url.URL, base Options) ([]string, *Options, time.Duratio
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: zookeeper: "+format, append([]any{backend.ErrInvalidConfig}, args...)...)
 	}
-	if u.Scheme != "zk" {
-		return nil, nil, 0, bad("scheme %q: want zk", u.Scheme)
+	if u.Scheme != "zk" && u.Scheme != "zks" {
+		return nil, nil, 0, bad("scheme %q: want zk or zks", u.Scheme)
 	}
 	if u.Host == "" {
 		return nil, nil, 0, bad("no servers in %s (want zk://host:2181,host2:2181/prefix)", u.Redacted())
@@ -190,8 +200,34 @@ func parseURLTimeout(u *url.URL, base Options) ([]string, *Options, time.Duratio
 		}
 		o.TickTime = t
 	}
-	if err := urlparam.NoneLeft(q, "ttl", "session_timeout", "tick_time", "dial_timeout"); err != nil {
+	if v, ok, err := urlparam.Take(q, "acl"); err != nil {
+		return nil, nil, 0, err
+	} else if ok {
+		if o.ACL, err = parseACL(v); err != nil {
+			return nil, nil, 0, err
+		}
+		if err := checkACL(o.ACL, o.Auth); err != nil {
+			return nil, nil, 0, err
+		}
+	}
+	var tlsParams [4]string
+	for i, name := range []string{"ca", "cert", "key", "server_name"} {
+		v, ok, err := urlparam.Take(q, name)
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		if ok && u.Scheme != "zks" {
+			return nil, nil, 0, bad("parameter %s needs the zks scheme (TLS)", name)
+		}
+		tlsParams[i] = v
+	}
+	if err := urlparam.NoneLeft(q, "ttl", "session_timeout", "tick_time", "dial_timeout", "acl", "ca", "cert", "key", "server_name"); err != nil {
 		return nil, nil, 0, urlparam.In("zookeeper", err)
+	}
+	if u.Scheme == "zks" {
+		if o.TLS, err = urlparam.TLSConfig("zookeeper", tlsParams[0], tlsParams[1], tlsParams[2], tlsParams[3]); err != nil {
+			return nil, nil, 0, err
+		}
 	}
 	return servers, &o, dialTimeout, nil
 }

@@ -3,6 +3,7 @@ package zookeeper
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -99,11 +100,28 @@ type Options struct {
 	// only shortens the longest TTL.
 	TickTime time.Duration
 	// Auth, if set, is "user:password" for ZooKeeper digest
-	// authentication; lock nodes are then created with an ACL that grants
-	// access to that identity only.
+	// authentication (sent in plaintext unless TLS is set). With Auth and
+	// no ACL, the nodes dlock creates grant every right to that identity
+	// and to no one else (zk.AuthACL(zk.PermAll)): Lockers sharing the
+	// identity share the locks, and clients without it can neither read
+	// nor create, delete or change them. See "Security" in the package doc.
 	Auth string
+	// ACL, if set, is the ACL of every node dlock creates: the prefix and
+	// its missing ancestors, the key directories and the lock nodes. It
+	// lets several identities share locks: give each identity (such as
+	// zk.DigestACL(zk.PermAll, "alice", password), or the digest id
+	// "alice:<base64 of SHA-1 of alice:password>" when the password is
+	// not yours to know) at least read, create and delete, and have every
+	// Locker use the same ACL. Default: zk.AuthACL(zk.PermAll) with Auth,
+	// zk.WorldACL(zk.PermAll) without (every client may do anything,
+	// ZooKeeper's own default). Nodes that already exist keep their ACL.
+	ACL []zk.ACL
+	// TLS, if set, is the TLS configuration of the connections to the
+	// servers (their secureClientPort); ServerName defaults to the host
+	// dialled. Default: plain TCP.
+	TLS *tls.Config
 	// Dialer, if set, opens the TCP connections to the servers (tests use
-	// it to cut connections).
+	// it to cut connections); with TLS, the handshake runs over them.
 	Dialer zk.Dialer
 	// Locker configures the Locker that [New] returns. Nil means defaults.
 	// Its Logger also receives the ZooKeeper client's warnings and the
@@ -207,6 +225,8 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 		return nil, checkPrefix(o.Prefix)
 	case o.Auth != "" && !strings.Contains(o.Auth, ":"):
 		return nil, fmt.Errorf("%w: zookeeper: Auth: want user:password", backend.ErrInvalidConfig)
+	case checkACL(o.ACL, o.Auth) != nil:
+		return nil, checkACL(o.ACL, o.Auth)
 	}
 	for _, s := range servers {
 		if _, _, err := net.SplitHostPort(s); err != nil {
@@ -214,14 +234,25 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 		}
 	}
 
-	d := &Driver{prefix: o.Prefix, servers: len(servers), tick: o.TickTime, log: log, acl: zk.WorldACL(zk.PermAll),
+	d := &Driver{prefix: o.Prefix, servers: len(servers), tick: o.TickTime, log: log, acl: o.ACL,
 		linkDown: time.Now(), linkChanged: make(chan struct{}),
 		leases: make(map[string]*lease), wake: make(chan struct{}, 1)}
+	switch {
+	case len(d.acl) > 0:
+	case o.Auth != "":
+		d.acl = zk.AuthACL(zk.PermAll)
+	default:
+		d.acl = zk.WorldACL(zk.PermAll)
+	}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	dial := o.Dialer
 	if dial == nil {
 		dial = net.DialTimeout
 	}
+	if o.TLS != nil {
+		dial = tlsDialer(dial, o.TLS)
+	}
+	d.warnTransport(servers, &o)
 	session := make(chan struct{}, 1)
 	conn, events, err := zk.Connect(servers, o.SessionTimeout,
 		zk.WithLogger(zkLogger{log: log, closing: d.ctx, up: &d.hadSession}),
@@ -285,7 +316,6 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 		if err := d.do(ctx, func() error { return conn.AddAuth("digest", []byte(o.Auth)) }); err != nil {
 			return fail(unavailable("authenticating", err))
 		}
-		d.acl = zk.AuthACL(zk.PermAll)
 	}
 	if err := d.checkSession(); err != nil {
 		return fail(err)
@@ -293,6 +323,7 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 	if err := d.ensurePath(ctx, d.prefix); err != nil {
 		return fail(err)
 	}
+	d.checkPrefixACL(ctx, servers, &o)
 	return d, nil
 }
 
@@ -597,6 +628,14 @@ func (d *Driver) ensurePath(ctx context.Context, path string) error {
 		p := path[:i]
 		err := d.do(ctx, func() error {
 			_, err := d.conn.Create(p, nil, 0, d.acl)
+			if errors.Is(err, zk.ErrNoAuth) {
+				// The server checks the parent's ACL before
+				// whether the node exists: one we may not
+				// create may be there already.
+				if ok, _, eerr := d.conn.Exists(p); eerr == nil && ok {
+					return nil
+				}
+			}
 			return err
 		})
 		if err != nil && !errors.Is(err, zk.ErrNodeExists) {
