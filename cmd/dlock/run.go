@@ -10,7 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -42,7 +44,12 @@ standard input, output and error are dlock's; its environment is dlock's
 plus DLOCK_KEY (the key), DLOCK_TOKEN (the lease's fencing token, a
 decimal integer: pass it to the protected resource with every write) and
 DLOCK_DEADLINE (the lease's deadline at the start, RFC 3339; it moves
-later with each refresh).
+later with each refresh), less $DLOCK_URL, $DLOCK_CORRECTNESS_URL and
+$DLOCK_EFFICIENCY_URL: the backend's URLs, which may hold its password,
+are not handed to the command. A command that needs one is given it
+explicitly:
+
+	dlock run KEY -- env DLOCK_URL="$DLOCK_URL" COMMAND
 
 The exit status is the command's (128+N if signal N ended it), or:
 
@@ -220,7 +227,7 @@ func runLocked(e *env, lease *dlock.Lease, path string, argv []string, grace tim
 		Stdin:  e.stdin,
 		Stdout: e.stdout,
 		Stderr: e.stderr,
-		Env: append(os.Environ(),
+		Env: append(runChildEnv(os.Environ()),
 			"DLOCK_KEY="+lease.Key(),
 			"DLOCK_TOKEN="+strconv.FormatUint(uint64(lease.Token()), 10),
 			"DLOCK_DEADLINE="+lease.Deadline().UTC().Format(runDeadlineLayout)),
@@ -271,6 +278,16 @@ wait:
 		return exitLeaseLost
 	}
 	return runExitStatus(e, cmd, waitErr)
+}
+
+// runChildEnv is environ without the variables that name a backend
+// ($DLOCK_URL, $DLOCK_CORRECTNESS_URL, $DLOCK_EFFICIENCY_URL): their URLs
+// may hold a password, which the command has no need of.
+func runChildEnv(environ []string) []string {
+	return slices.DeleteFunc(slices.Clone(environ), func(kv string) bool {
+		name, _, _ := strings.Cut(kv, "=")
+		return name == envURL || name == envCorrectness || name == envEfficiency
+	})
 }
 
 // runRelease gives the lock back, warning on e.stderr if that fails

@@ -474,3 +474,39 @@ func TestRunSignalWhileWaiting(t *testing.T) {
 		t.Errorf("the holder's lease: %v", err)
 	}
 }
+
+// TestRunChildEnvHasNoURLs: the command does not inherit the backend's
+// URLs ($DLOCK_URL, $DLOCK_CORRECTNESS_URL, $DLOCK_EFFICIENCY_URL, which
+// may hold a password), whichever of them dlock used; the rest of the
+// environment and DLOCK_KEY, DLOCK_TOKEN, DLOCK_DEADLINE are there (issue
+// 21, finding 5).
+func TestRunChildEnvHasNoURLs(t *testing.T) {
+	env := []string{
+		"DLOCK_URL=redis://app:S3cretU@127.0.0.1:1",
+		"DLOCK_CORRECTNESS_URL=etcd://app:S3cretC@127.0.0.1:1",
+		"DLOCK_EFFICIENCY_URL=" + runRedisURL(t),
+		"DLOCK_URL_NOT_A_BACKEND=kept",
+	}
+	stdout, stderr, code := runDlock(t, env, "", "run", "--purpose", "efficiency", runKey(t), "--", "env")
+	if code != 0 {
+		t.Fatalf("exit status %d; stderr:\n%s", code, stderr)
+	}
+	vars := map[string]bool{}
+	for line := range strings.Lines(stdout) {
+		name, _, _ := strings.Cut(line, "=")
+		vars[name] = true
+	}
+	for _, name := range []string{"DLOCK_URL", "DLOCK_CORRECTNESS_URL", "DLOCK_EFFICIENCY_URL"} {
+		if vars[name] {
+			t.Errorf("the command's environment has $%s", name)
+		}
+	}
+	if strings.Contains(stdout, "S3cret") {
+		t.Errorf("the command's environment holds a backend's password:\n%s", stdout)
+	}
+	for _, name := range []string{"DLOCK_KEY", "DLOCK_TOKEN", "DLOCK_DEADLINE", "DLOCK_URL_NOT_A_BACKEND", "PATH"} {
+		if !vars[name] {
+			t.Errorf("the command's environment lacks $%s:\n%s", name, stdout)
+		}
+	}
+}
