@@ -3,6 +3,7 @@ package servers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 )
 
@@ -21,6 +22,24 @@ func StartRedis(ctx context.Context, n int) ([]*Server, error) {
 // that a restart loads).
 func StartRedisWithArgs(ctx context.Context, n int, args ...string) ([]*Server, error) {
 	return startServers(ctx, "redis", n, args...)
+}
+
+// StartRedisTLS starts n independent Redis servers as [StartRedis] does,
+// serving clients over TLS only: [Server.Addr] is the TLS port, there is
+// no plain-text one, and clients need no certificate. The servers'
+// certificate, for 127.0.0.1 and localhost, is issued by a CA made for
+// this call, whose certificate (PEM) is returned for the clients to trust.
+// The caller owns the servers and should Terminate them.
+func StartRedisTLS(ctx context.Context, n int) ([]*Server, []byte, error) {
+	resp, err := call(ctx, request{Op: "new", Kind: "redis-tls", N: n})
+	if err != nil {
+		return nil, nil, err
+	}
+	out := make([]*Server, len(resp.Servers))
+	for i, si := range resp.Servers {
+		out[i] = newServer(si)
+	}
+	return out, resp.CAPEM, nil
 }
 
 // StartRedisCluster starts one Redis server in cluster mode that serves all
@@ -78,4 +97,23 @@ func StartRedisSentinel(ctx context.Context) (*RedisSentinel, error) {
 func Redis(tb testing.TB, n int) []*Server {
 	tb.Helper()
 	return shared(tb, "redis", n)
+}
+
+// RedisTLS starts n Redis servers for tb with [StartRedisTLS], terminated
+// when tb ends, and returns them and the CA certificate (PEM) to trust. If
+// the servers cannot be started, it skips the test with the reason, or
+// fails it when DLOCK_REQUIRE_SERVERS=1.
+func RedisTLS(tb testing.TB, n int) ([]*Server, []byte) {
+	tb.Helper()
+	ss, ca, err := StartRedisTLS(tb.Context(), n)
+	if err != nil {
+		giveUp(tb, fmt.Sprintf("%d Redis TLS servers", n), err)
+		return nil, nil
+	}
+	tb.Cleanup(func() {
+		for _, s := range ss {
+			_ = s.Terminate(context.WithoutCancel(tb.Context()))
+		}
+	})
+	return ss, ca
 }

@@ -70,7 +70,7 @@ type response struct {
 	ID      uint64       `json:"id"`
 	Servers []serverInfo `json:"servers,omitempty"` // "new"
 	Group   string       `json:"group,omitempty"`   // "new" of a cluster kind
-	CAPEM   []byte       `json:"ca_pem,omitempty"`  // "new" of kind etcd-tls
+	CAPEM   []byte       `json:"ca_pem,omitempty"`  // "new" of kind etcd-tls or redis-tls
 	Addr    string       `json:"addr,omitempty"`    // "start": the address now
 	Error   *wireError   `json:"error,omitempty"`
 }
@@ -293,7 +293,7 @@ func (d *daemon) serve(ctx context.Context, req request) response {
 }
 
 // newServers starts the servers a "new" request asks for. Kinds: "redis"
-// (StartRedisWithArgs), "redis-faketime", "redis-cluster" (one server),
+// (StartRedisWithArgs), "redis-faketime", "redis-tls", "redis-cluster" (one server),
 // "redis-sentinel" (primary, replica, sentinel), "postgres", and the
 // cluster kinds "etcd", "etcd-tls", "zookeeper" (one cluster of N).
 func (d *daemon) newServers(ctx context.Context, req request, resp *response) error {
@@ -304,6 +304,8 @@ func (d *daemon) newServers(ctx context.Context, req request, resp *response) er
 		ss, err = StartRedisWithArgs(ctx, req.N, req.Args...)
 	case "redis-faketime":
 		ss, err = StartRedisFaketime(ctx, req.N, req.Args...)
+	case "redis-tls":
+		ss, resp.CAPEM, err = StartRedisTLS(ctx, req.N)
 	case "redis-cluster":
 		var s *Server
 		if s, err = StartRedisCluster(ctx); err == nil {

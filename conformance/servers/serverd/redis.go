@@ -196,3 +196,35 @@ func (s *Server) redisCLI(ctx context.Context, args ...string) (string, error) {
 	}
 	return s.exec(ctx, append([]string{"redis-cli", "-p", port}, args...)...)
 }
+
+// StartRedisTLS starts n independent Redis servers as [StartRedis] does,
+// serving clients over TLS only (--port 0, the client port is the TLS
+// port), without asking clients for a certificate. The servers'
+// certificate, for 127.0.0.1 and localhost, is issued by a CA made for
+// this call; its certificate is returned (PEM) for the clients to trust.
+// The servers cannot be reached by redis-cli in plain text: set-ups that
+// need it (awaitCLI) do not apply.
+func StartRedisTLS(ctx context.Context, n int) ([]*Server, []byte, error) {
+	const certFile, keyFile, caFile = "/etc/dlock-redis-server.pem", "/etc/dlock-redis-server-key.pem", "/etc/dlock-redis-ca.pem"
+	ca, cert, key, err := newTLSCert()
+	if err != nil {
+		return nil, nil, err
+	}
+	k := *redisKind
+	k.files = map[string][]byte{certFile: cert, keyFile: key, caFile: ca}
+	k.cmd = func(p *plan, i int) []string {
+		args := redisKind.cmd(p, i)
+		for j := range args[:len(args)-1] {
+			if args[j] == "--port" {
+				args[j] = "--tls-port"
+			}
+		}
+		return append(args, "--port", "0", "--tls-cert-file", certFile, "--tls-key-file", keyFile,
+			"--tls-ca-cert-file", caFile, "--tls-auth-clients", "no")
+	}
+	ss, err := start(ctx, &k, n)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ss, ca, nil
+}
