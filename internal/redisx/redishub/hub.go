@@ -5,6 +5,7 @@ package redishub
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -43,7 +44,9 @@ import (
 // (and the ones queued behind it) can take the handshake's round trips
 // times the client's ReadTimeout (about 9s with go-redis's defaults), and
 // so can Close, which needs the same lock. Watch waits for its SUBSCRIBE and the confirmation until
-// its context ends; the clean-ups (the barrier's UNSUBSCRIBE, and that of a
+// its context ends, or until a check finds that the server refuses the
+// SUBSCRIBE (see confirm: go-redis drops that error reply, so the
+// confirmation never comes); the clean-ups (the barrier's UNSUBSCRIBE, and that of a
 // channel whose last watcher stopped) are not waited for. A clean-up that
 // fails leaves no subscription behind: go-redis drops the channel from the
 // set it re-subscribes before it writes the UNSUBSCRIBE, and a failed write
@@ -120,7 +123,12 @@ func New(client goredis.UniversalClient, barrier, name string) *Hub {
 // unsubscribed when its last watcher stops. stop must be called once; it
 // does not wait for the UNSUBSCRIBE to be sent. When ctx ends first, Watch
 // returns at once with an error that matches backend.ErrUnavailable and
-// ctx.Err(), and its subscription is undone in the background.
+// ctx.Err(), and its subscription is undone in the background. When the
+// server refuses the SUBSCRIBE (NOPERM: the user may not use the channel
+// or the command), Watch returns an error that matches
+// backend.ErrUnavailable and wraps the server's reply (a goredis.Error),
+// once a check on a connection of its own has read it (see confirm): a
+// quarter of a second or so after the SUBSCRIBE.
 func (h *Hub) Watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
 	w := make(chan struct{}, 1)
 
@@ -169,13 +177,7 @@ func (h *Hub) Watch(ctx context.Context, channel string) (<-chan struct{}, func(
 	select {
 	case err = <-res:
 		if err == nil {
-			select {
-			case <-confirmed:
-			case <-ctx.Done():
-				err = ctx.Err()
-			case <-done:
-				err = backend.ErrClosed
-			}
+			err = h.confirm(ctx, confirmed, done, subs)
 		}
 	case <-ctx.Done():
 		err = ctx.Err()
@@ -195,9 +197,114 @@ func (h *Hub) Watch(ctx context.Context, channel string) (<-chan struct{}, func(
 		if err == backend.ErrClosed {
 			return nil, nil, backend.ErrClosed
 		}
+		var re goredis.Error
+		if errors.As(err, &re) {
+			return nil, nil, fmt.Errorf("%w: %s: the server refused SUBSCRIBE %q (go-redis drops this reply; "+
+				"a check on a connection of its own read it): %w", backend.ErrUnavailable, h.name, subs, err)
+		}
 		return nil, nil, fmt.Errorf("%w: %s: subscribing to %q: %w", backend.ErrUnavailable, h.name, channel, err)
 	}
 	return w, stop, nil
+}
+
+// Waiting for a SUBSCRIBE's confirmation: the check of a refusal comes
+// checkAfter after the SUBSCRIBE was written (a confirmation takes a round
+// trip, well under a millisecond on a LAN, so a check that finds nothing
+// wrong is rare and costs only a connection), then again after twice as
+// long each time it finds nothing wrong, at most every maxCheckInterval.
+const (
+	checkAfter       = 250 * time.Millisecond
+	maxCheckInterval = 30 * time.Second
+)
+
+// confirm waits for the barrier's confirmation (confirmed closed), ctx or
+// the Hub's end (done closed). The server answers a SUBSCRIBE it refuses
+// (an ACL user without the right to the channels, NOPERM) with an error
+// reply, which go-redis's PubSub channel drops (its receiving loop skips
+// every error of Receive), so no confirmation would ever come and the wait
+// would end only with ctx. confirm therefore checks, when the
+// confirmation is late (checkAfter, then less and less often), whether
+// the server refuses this very SUBSCRIBE, on a connection of its own
+// (CheckSubscribe), and returns the server's error if so: Watch fails with
+// it, and the dlock layer waits by polling instead (it logs a warning).
+// A check that fails for another reason (the network) changes nothing:
+// the PubSub re-subscribes once its connection is back.
+func (h *Hub) confirm(ctx context.Context, confirmed, done <-chan struct{}, subs []string) error {
+	wait := checkAfter
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		select {
+		case <-confirmed:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-done:
+			return backend.ErrClosed
+		case <-t.C:
+		}
+		cctx, cancel := context.WithTimeout(ctx, opTimeout)
+		err := checkSubscribe(cctx, h.client, subs...)
+		cancel()
+		var re goredis.Error
+		if errors.As(err, &re) {
+			select {
+			case <-confirmed:
+				return nil // allowed again meanwhile
+			default:
+			}
+			return err
+		}
+		wait = min(2*wait, maxCheckInterval)
+		t.Reset(wait)
+	}
+}
+
+// CheckSubscribe reports whether the server lets this client subscribe to
+// channel (and to a barrier channel of the Hub's, which every Watch
+// subscribes to as well) and unsubscribe again, on a connection of its own
+// that it reads itself: go-redis's PubSub, which the Hub reads through its
+// channel, drops error replies, so a Watch refused by the user's ACL could
+// not tell. It returns the server's error reply (a goredis.Error: NOPERM
+// for a channel or a command the user may not use), another error when the
+// check could not be made (the network; it gives up after opTimeout), or
+// nil. It costs a dial and handshake and two round trips; on a Cluster it
+// asks the node serving channel's slot.
+func (h *Hub) CheckSubscribe(ctx context.Context, channel string) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	return checkSubscribe(ctx, h.client, channel, h.barrier+"check")
+}
+
+// checkSubscribe is CheckSubscribe of chans, within ctx.
+func checkSubscribe(ctx context.Context, client goredis.UniversalClient, chans ...string) error {
+	ps := client.Subscribe(ctx) // no channels: no connection yet
+	defer func() { _ = ps.Close() }()
+	if err := ps.Subscribe(ctx, chans...); err != nil {
+		return err
+	}
+	if err := receive(ctx, ps, "subscribe", len(chans)); err != nil {
+		return err
+	}
+	if err := ps.Unsubscribe(ctx, chans...); err != nil {
+		return err
+	}
+	return receive(ctx, ps, "unsubscribe", len(chans))
+}
+
+// receive reads ps until n confirmations of kind have come, or an error
+// (an error reply of the server is one).
+func receive(ctx context.Context, ps *goredis.PubSub, kind string, n int) error {
+	for n > 0 {
+		m, err := ps.Receive(ctx)
+		if err != nil {
+			return err
+		}
+		if s, ok := m.(*goredis.Subscription); ok && s.Kind == kind {
+			n--
+		}
+	}
+	return nil
 }
 
 // enqueue adds o to the sender's queue. h.mu is held and the Hub is open.
