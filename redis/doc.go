@@ -232,9 +232,37 @@
 // the durations min_retry_backoff, max_retry_backoff, read_timeout,
 // write_timeout, pool_timeout, conn_max_idle_time (idle_timeout),
 // conn_max_lifetime (max_conn_age), conn_max_lifetime_jitter, and the
-// booleans pool_fifo and (rediss only) skip_verify. A malformed query, a
-// value out of range and an unknown parameter (whose error lists the known
-// ones) are errors wrapping [backend.ErrInvalidConfig], before any I/O. The
-// client built from a URL is closed by the Locker's Close; a client passed
-// to [New] is never closed.
+// boolean pool_fifo. A malformed query, a value out of range and an
+// unknown parameter (whose error lists the known ones) are errors wrapping
+// [backend.ErrInvalidConfig], before any I/O. The client built from a URL
+// is closed by the Locker's Close; a client passed to [New] is never
+// closed.
+//
+// # TLS
+//
+// rediss:// verifies the server's certificate, against the system's CAs by
+// default, for the host dialled:
+//
+//	rediss://:password@redis.internal:6380/0?ca=/etc/redis/ca.pem&cert=client.pem&key=client-key.pem
+//
+// Its parameters (rediss only; the same as etcds:// in the etcd backend):
+//
+//   - ca: a PEM file of the CAs to trust instead of the system's (a private
+//     CA);
+//   - cert and key: PEM files of a client certificate and its key (both or
+//     neither), for a server that asks for one (tls-auth-clients);
+//   - server_name: the name to verify in the server's certificate (default
+//     the host dialled);
+//   - skip_verify=true: INSECURE. The server's certificate is not checked
+//     at all: anyone on the network path can pose as the server and read
+//     the password and every lock. Use ca= for a private CA instead. Open
+//     logs a warning on the Locker's Logger when it is set.
+//
+// A file that cannot be read, holds no PEM certificate, or a cert without
+// its key is an error wrapping [backend.ErrInvalidConfig], before any
+// other I/O. A certificate that does not verify fails Open with
+// [backend.ErrUnavailable] and the x509 error ("certificate signed by
+// unknown authority": give ca=). redis:// sends the password (AUTH) in
+// clear text: Open logs a warning when a redis:// URL carries a password
+// and its host is not loopback (localhost, 127.0.0.0/8, ::1).
 package redis

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"strconv"
@@ -101,6 +102,7 @@ func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error)
 		return nil, err
 	}
 	d.ownsClient = true
+	warnTransport(d.log, clientOpts)
 	// dial_timeout bounds the first round trip (the eviction check and
 	// the script loads), dials and their retries included; the error says
 	// why the dials failed.
@@ -211,6 +213,19 @@ func parseURL(u *url.URL, base Options) (*goredis.Options, *Options, error) {
 			return nil, nil, bad("parameter eviction_check=%q: want refuse, warn or ignore", v)
 		}
 	}
+	// TLS: ca, cert, key and server_name are ours (go-redis has none of
+	// them), for rediss only; skip_verify is go-redis's.
+	var tlsParams [4]string
+	for i, name := range tlsParamNames {
+		v, ok, err := urlparam.Take(q, name)
+		if err != nil {
+			return nil, nil, urlparam.In("redis", err)
+		}
+		if ok && u.Scheme != "rediss" {
+			return nil, nil, bad("parameter %s needs the rediss scheme (TLS)", name)
+		}
+		tlsParams[i] = v
+	}
 	// The go-redis parameters we pass through, checked here: go-redis
 	// takes any int (pool_size=-5 or 3000000000 panics when the client is
 	// made) and reports an unknown one without the list of known ones.
@@ -226,5 +241,33 @@ func parseURL(u *url.URL, base Options) (*goredis.Options, *Options, error) {
 		return nil, nil, fmt.Errorf("%w: %w", backend.ErrInvalidConfig, err)
 	}
 	co.DialTimeout = dialTimeout
+	if co.TLSConfig != nil {
+		tc, err := urlparam.TLSConfig("redis", tlsParams[0], tlsParams[1], tlsParams[2], tlsParams[3])
+		if err != nil {
+			return nil, nil, err
+		}
+		if tc.ServerName == "" {
+			tc.ServerName = co.TLSConfig.ServerName // the host dialled
+		}
+		tc.InsecureSkipVerify = co.TLSConfig.InsecureSkipVerify // skip_verify
+		co.TLSConfig = tc
+	}
 	return co, &o, nil
+}
+
+// tlsParamNames are the TLS parameters of rediss URLs, in the order of
+// urlparam.TLSConfig's arguments.
+var tlsParamNames = []string{"ca", "cert", "key", "server_name"}
+
+// warnTransport logs, on log, a warning for a client whose connection
+// anyone on the network path can read: TLS without certificate checks
+// (skip_verify=true), or a password sent in clear text to a server not on
+// loopback.
+func warnTransport(log *slog.Logger, co *goredis.Options) {
+	switch {
+	case co.TLSConfig != nil && co.TLSConfig.InsecureSkipVerify:
+		log.Warn("dlock/redis: "+urlparam.SkipVerifyWarning, "server", co.Addr)
+	case co.TLSConfig == nil && co.Password != "" && !urlparam.Loopback(co.Addr):
+		log.Warn("dlock/redis: "+urlparam.PlaintextPasswordWarning, "server", co.Addr)
+	}
 }

@@ -63,6 +63,9 @@ func knownParams(tls bool) []string {
 			k = append(k, name)
 		}
 	}
+	if tls {
+		k = append(k, tlsParamNames...)
+	}
 	return k
 }
 

@@ -3,7 +3,9 @@ package urlparam
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"net"
 	"os"
+	"strings"
 )
 
 // TLSConfig builds a client's TLS configuration from the URL parameters ca
@@ -37,4 +39,31 @@ func TLSConfig(backendName, ca, cert, key, serverName string) (*tls.Config, erro
 		tc.Certificates = []tls.Certificate{pair}
 	}
 	return tc, nil
+}
+
+// The warnings a backend logs when it opens a connection that anyone on the
+// network path can read or impersonate (after "dlock/<backend>: ").
+const (
+	// SkipVerifyWarning: TLS with skip_verify=true.
+	SkipVerifyWarning = "skip_verify=true: the server's certificate is not checked; " +
+		"anyone on the path can read the password and the locks (trust a private CA with ca= instead)"
+	// PlaintextPasswordWarning: a password over a connection without
+	// TLS to a server that is not on loopback.
+	PlaintextPasswordWarning = "the password is sent in clear text (no TLS) to a server that is not on loopback; " +
+		"anyone on the path can read it and the locks (use TLS)"
+)
+
+// Loopback reports whether addr (host:port, or a host) names this machine:
+// localhost or a loopback IP address. Names other than localhost are not
+// looked up (no I/O): they count as remote.
+func Loopback(addr string) bool {
+	host := addr
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		host = h
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

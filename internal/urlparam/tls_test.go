@@ -82,3 +82,14 @@ func TestTLSConfig(t *testing.T) {
 		}
 	}
 }
+
+func TestLoopback(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"127.0.0.1:6379": true, "127.1.2.3:1": true, "[::1]:6379": true, "localhost:6379": true, "LOCALHOST": true, "::1": true,
+		"10.0.0.1:6379": false, "redis.example:6379": false, "[2001:db8::1]:6379": false, "localhost.example:1": false, "": false,
+	} {
+		if got := urlparam.Loopback(addr); got != want {
+			t.Errorf("Loopback(%q) = %v; want %v", addr, got, want)
+		}
+	}
+}

@@ -1,0 +1,213 @@
+package redis_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"log/slog"
+	"math/big"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/redis"
+)
+
+// logRecorder is a slog.Handler that keeps the messages of the records at
+// Warn level or above.
+type logRecorder struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (r *logRecorder) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (r *logRecorder) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, rec.Message)
+	return nil
+}
+func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *logRecorder) WithGroup(string) slog.Handler      { return r }
+
+// warnings returns the messages containing s.
+func (r *logRecorder) warnings(s string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, m := range r.msgs {
+		if strings.Contains(m, s) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// writeFile writes b to a file in dir and returns its path.
+func writeFile(t *testing.T, dir, name string, b []byte) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// otherCA returns the PEM certificate of a CA made for the test, which
+// issued no server's certificate.
+func otherCA(t *testing.T) []byte {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "another CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// openWithLog opens rawURL on a mux whose redis opener logs to a new
+// logRecorder.
+func openWithLog(t *testing.T, rawURL string) (*dlock.Locker, *logRecorder, error) {
+	rec := &logRecorder{}
+	var mux dlock.URLMux
+	opener := &redis.URLOpener{Options: redis.Options{Locker: &dlock.Options{Logger: slog.New(rec)}}}
+	mux.RegisterLocker("redis", opener)
+	mux.RegisterLocker("rediss", opener)
+	l, err := mux.OpenLocker(t.Context(), rawURL)
+	if err == nil {
+		t.Cleanup(func() { _ = l.Close() })
+	}
+	return l, rec, err
+}
+
+// rediss:// against a Redis serving TLS only (issue 21, finding 7): with
+// ca= naming the server's CA a lock cycle works; without it (the system
+// pool) or with another CA the certificate is refused, and the error says
+// so; skip_verify=true connects and logs the warning.
+func TestRedissCA(t *testing.T) {
+	ss, caPEM := servers.RedisTLS(t, 1)
+	addr := ss[0].Addr()
+	dir := t.TempDir()
+	ca := writeFile(t, dir, "ca.pem", caPEM)
+	wrong := writeFile(t, dir, "other-ca.pem", otherCA(t))
+
+	t.Run("ca", func(t *testing.T) {
+		l, rec, err := openWithLog(t, "rediss://"+addr+"?ca="+url.QueryEscape(ca))
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := uniqueKey(t)
+		lease, err := l.Acquire(t.Context(), key, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lease.Token() == 0 {
+			t.Error("no fencing token over TLS")
+		}
+		if err := lease.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if w := rec.warnings(""); len(w) != 0 {
+			t.Errorf("warnings logged for a verified TLS connection: %q", w)
+		}
+	})
+	for name, q := range map[string]string{"system pool": "", "wrong ca": "&ca=" + url.QueryEscape(wrong)} {
+		t.Run(name, func(t *testing.T) {
+			_, _, err := openWithLog(t, "rediss://"+addr+"?dial_timeout=10s"+q)
+			if !errors.Is(err, dlock.ErrUnavailable) || !strings.Contains(err.Error(), "certificate signed by unknown authority") {
+				t.Errorf("Open = %v; want ErrUnavailable saying the certificate is signed by an unknown authority", err)
+			}
+		})
+	}
+	t.Run("skip_verify", func(t *testing.T) {
+		l, rec, err := openWithLog(t, "rediss://"+addr+"?skip_verify=true")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w := rec.warnings("skip_verify=true: the server's certificate is not checked"); len(w) != 1 {
+			t.Errorf("warnings about skip_verify: %q; want one", w)
+		}
+		if _, err := l.Inspect(t.Context(), uniqueKey(t)); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// The TLS parameters are refused before any I/O when they cannot be used:
+// on redis:// (no TLS), or naming a file that is missing or holds no PEM,
+// or a cert without its key.
+func TestRedissBadTLSParams(t *testing.T) {
+	dir := t.TempDir()
+	notPEM := writeFile(t, dir, "not.pem", []byte("not a certificate"))
+	for _, u := range []string{
+		"redis://127.0.0.1:1?ca=" + url.QueryEscape(notPEM),
+		"redis://127.0.0.1:1?server_name=x",
+		"rediss://127.0.0.1:1?ca=" + url.QueryEscape(filepath.Join(dir, "missing.pem")),
+		"rediss://127.0.0.1:1?ca=" + url.QueryEscape(notPEM),
+		"rediss://127.0.0.1:1?cert=" + url.QueryEscape(notPEM),
+		"rediss://127.0.0.1:1?key=" + url.QueryEscape(notPEM),
+		"rediss://127.0.0.1:1?cert=" + url.QueryEscape(notPEM) + "&key=" + url.QueryEscape(notPEM),
+		"rediss://127.0.0.1:1?ca=",
+	} {
+		pu, err := url.Parse(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := redis.ParseURL(pu); !errors.Is(err, dlock.ErrInvalidConfig) {
+			t.Errorf("ParseURL(%s) = %v; want ErrInvalidConfig", u, err)
+		}
+	}
+}
+
+// A password sent in clear text to a server not on loopback is warned
+// about; on loopback, or over TLS, it is not.
+func TestPlaintextPasswordWarning(t *testing.T) {
+	for _, c := range []struct {
+		co   goredis.Options
+		warn bool
+	}{
+		{goredis.Options{Addr: "10.1.2.3:6379", Password: "pw"}, true},
+		{goredis.Options{Addr: "redis.example:6379", Username: "app", Password: "pw"}, true},
+		{goredis.Options{Addr: "127.0.0.1:6379", Password: "pw"}, false},
+		{goredis.Options{Addr: "localhost:6379", Password: "pw"}, false},
+		{goredis.Options{Addr: "10.1.2.3:6379"}, false},
+	} {
+		rec := &logRecorder{}
+		redis.WarnTransport(slog.New(rec), &c.co)
+		if got := len(rec.warnings("sent in clear text")); got != map[bool]int{true: 1, false: 0}[c.warn] {
+			t.Errorf("%s (password %t): %d clear-text warnings; want warned %t", c.co.Addr, c.co.Password != "", got, c.warn)
+		}
+	}
+	// Through parseURL: a redis:// URL with a password.
+	u, _ := url.Parse("redis://:secret@10.1.2.3:6379/0")
+	co, _, err := redis.ParseURL(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &logRecorder{}
+	redis.WarnTransport(slog.New(rec), co)
+	if len(rec.warnings("sent in clear text")) != 1 {
+		t.Errorf("no clear-text warning for %s", u.Redacted())
+	}
+}
