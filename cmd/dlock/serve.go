@@ -30,6 +30,11 @@ const serveDefaultListen = "127.0.0.1:2379"
 // (replaying a large data directory may take a while).
 const serveReadyTimeout = 60 * time.Second
 
+// serveNoOrigin is the one entry of the embedded etcd's CORS list: not an
+// origin, so that no Origin header matches it (an empty list would allow
+// them all).
+const serveNoOrigin = "none: dlock serve allows no cross-origin request"
+
 // serveLogName is the file, in the data directory, that etcd's own log
 // goes to.
 const serveLogName = "etcd.log"
@@ -54,6 +59,14 @@ The server listens for clients on the --listen address, which must be on
 the loopback interface (127.0.0.1, ::1 or localhost): it has no TLS and
 no authentication. The peer port (which a single member does not use,
 but etcd needs) is a free loopback port chosen at each start.
+
+It serves etcd's gRPC API (what dlock, etcdctl and etcd's Go client use),
+and over HTTP only /health, /version and the like, not etcd's HTTP/JSON
+gateway (/v3/kv/...), so that no web page can change a key: an HTTP
+request whose Host header is not a loopback name (localhost, 127.0.0.1,
+::1, or the --listen host) is refused with status 421 (a page that
+rebinds a name of its own to 127.0.0.1 sends that name), and no response
+allows a cross-origin read (no CORS).
 
 Flags:
 `
@@ -145,6 +158,21 @@ func runEtcd(ctx context.Context, stdout io.Writer, dir, host, port string) erro
 	cfg.ListenPeerUrls = []url.URL{peerURL}
 	cfg.AdvertisePeerUrls = []url.URL{peerURL}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	// No web page may use the server (issue 21): a page a browser shows
+	// can send it requests, directly or by DNS rebinding.
+	//   - No cross-origin reads: an empty CORS map means "any origin" to
+	//     etcd, so it holds one entry no Origin header can equal.
+	//   - Only loopback Host headers (without the port; etcd's default
+	//     "*" allows any): a rebound name of the page's own is refused
+	//     with 421. This is about HTTP/1 only: gRPC (HTTP/2) goes straight
+	//     to the gRPC server, which dlock and etcdctl use.
+	//   - No HTTP/JSON gateway (/v3/kv/...): a "simple" cross-origin POST
+	//     (Content-Type text/plain, no preflight) from a page to
+	//     127.0.0.1 passes both checks above, and the gateway would carry
+	//     it out even though the page cannot read the answer.
+	cfg.CORS = map[string]struct{}{serveNoOrigin: {}}
+	cfg.HostWhitelist = map[string]struct{}{"localhost": {}, "127.0.0.1": {}, "::1": {}, "[::1]": {}, host: {}}
+	cfg.EnableGRPCGateway = false
 	cfg.LogLevel = "warn"
 	cfg.LogOutputs = []string{filepath.Join(dir, serveLogName)}
 

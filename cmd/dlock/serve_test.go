@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -219,5 +220,106 @@ func TestServeUsage(t *testing.T) {
 	}
 	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 0 {
 		t.Errorf("data directory after usage errors: %v, %v; want it untouched", entries, err)
+	}
+}
+
+// TestServeRefusesWebPages: dlock serve answers no web page (issue 21,
+// finding 4). A page a browser shows can send a request to the loopback
+// server, either directly (a "simple" cross-origin POST with Content-Type
+// text/plain needs no preflight) or through DNS rebinding (a name of the
+// page's own resolving to 127.0.0.1, so that the request is same-origin
+// for the browser, but its Host header is that name). None of them may
+// change a key, no response may allow the page to read it (no
+// Access-Control-Allow-Origin), and a Host header that is not loopback is
+// refused. dlock's own client (gRPC) still works.
+func TestServeRefusesWebPages(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and starts etcd")
+	}
+	addr := freeLoopbackAddr(t)
+	p := startServe(t, dlockBinary(t), t.TempDir(), addr)
+	_, port, _ := net.SplitHostPort(addr)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	l, err := dlock.Open(ctx, p.url)
+	if err != nil {
+		t.Fatalf("dlock.Open(%s): %v", p.url, err)
+	}
+	defer l.Close()
+	le, err := l.Acquire(ctx, "web/victim", &dlock.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+
+	// {"key": "\x00", "range_end": "\x00"}: every key.
+	const everything = `{"key":"AA==","range_end":"AA=="}`
+	const evil = "http://evil.example"
+	rebind := "rebind.evil.example:" + port
+	client := &http.Client{Timeout: 30 * time.Second}
+	send := func(method, path, host, origin, body string, hdr ...string) *http.Response {
+		t.Helper()
+		req, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		if origin != "" {
+			req.Header.Set("Origin", origin)
+		}
+		if body != "" {
+			req.Header.Set("Content-Type", "text/plain")
+		}
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s (Host %s, Origin %q): %v", method, path, host, origin, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if a := resp.Header.Get("Access-Control-Allow-Origin"); a != "" {
+			t.Errorf("%s %s (Host %s, Origin %q): Access-Control-Allow-Origin %q, want none", method, path, host, origin, a)
+		}
+		return resp
+	}
+	for _, a := range []struct{ path, host, origin, body string }{
+		{"/v3/kv/deleterange", rebind, "http://" + rebind, everything}, // DNS rebinding
+		{"/v3/kv/deleterange", rebind, "", everything},
+		{"/v3/kv/put", rebind, "http://" + rebind, `{"key":"d2ViL3ZpY3RpbQ==","value":"eA=="}`},
+		{"/v3/kv/deleterange", addr, evil, everything}, // a simple cross-origin request
+		{"/v3/kv/deleterange", "localhost:" + port, evil, everything},
+	} {
+		if resp := send("POST", a.path, a.host, a.origin, a.body); resp.StatusCode/100 == 2 {
+			t.Errorf("POST %s (Host %s, Origin %q): %s, want it refused", a.path, a.host, a.origin, resp.Status)
+		}
+	}
+	// A preflight gets no allowance.
+	send("OPTIONS", "/v3/kv/deleterange", addr, evil, "",
+		"Access-Control-Request-Method", "POST", "Access-Control-Request-Headers", "content-type")
+	// The host check covers every HTTP endpoint; loopback names pass.
+	if resp := send("GET", "/health", rebind, "", ""); resp.StatusCode != http.StatusMisdirectedRequest {
+		t.Errorf("GET /health (Host %s): %s, want 421 Misdirected Request", rebind, resp.Status)
+	}
+	for _, host := range []string{addr, "localhost:" + port, "127.0.0.1", "localhost"} {
+		if resp := send("GET", "/health", host, "", ""); resp.StatusCode != http.StatusOK {
+			t.Errorf("GET /health (Host %s): %s, want 200", host, resp.Status)
+		}
+	}
+
+	select {
+	case <-le.Done():
+		t.Fatalf("the lease was lost: %v", le.Err())
+	default:
+	}
+	info, err := l.Inspect(ctx, "web/victim")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Held || dlock.Token(info.Token) != le.Token() {
+		t.Errorf("web/victim after the requests: %+v, want held with token %d", info, le.Token())
+	}
+	if err := le.Release(ctx); err != nil {
+		t.Errorf("Release: %v", err)
 	}
 }
