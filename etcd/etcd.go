@@ -38,9 +38,14 @@ const maxTTL = 9_000_000_000 * time.Second
 
 // Options configure the etcd backend. The zero value (or nil) is valid.
 type Options struct {
-	// Prefix is put before every etcd key the backend uses. Default
-	// DefaultPrefix ("dlock/"). Lockers that are to exclude each other
-	// must use the same prefix.
+	// Prefix is put before every etcd key the backend uses; it must end
+	// with "/" (else "app" and "app2" would share keys, and a role
+	// granted "app" would cover "app2"). Default DefaultPrefix
+	// ("dlock/"). Lockers that are to exclude each other must use the
+	// same prefix. With authentication on, the user needs a role that
+	// may read and write the whole prefix (etcdctl role
+	// grant-permission ROLE readwrite --prefix=true dlock/): [New]
+	// checks it, and refuses with ErrInvalidConfig.
 	Prefix string
 	// RequestTimeout bounds each request to the cluster: the member list
 	// [New] reads, and every grant, transaction and read of Acquire,
@@ -107,12 +112,15 @@ type Driver struct {
 
 // New checks opts, asks the cluster for its member list (to report how
 // many failures it tolerates) and for a probe lease (to learn the least TTL
-// it grants), and returns a Locker over client configured by opts.Locker
-// (whose Logger the backend logs to as well). Each of these requests is
-// bounded by opts.RequestTimeout; a probe lease that cannot be revoked is
-// left to run out (seconds). It does not take ownership of client: closing
-// the Locker leaves the client open. Errors wrap [backend.ErrInvalidConfig]
-// (bad options, opts.Locker included, before any I/O) or
+// it grants), checks that the client may read, write and delete the keys
+// under the prefix (a transaction that changes nothing), and returns a
+// Locker over client configured by opts.Locker (whose Logger the backend
+// logs to as well). Each of these requests is bounded by
+// opts.RequestTimeout; a probe lease that cannot be revoked is left to run
+// out (seconds). It does not take ownership of client: closing the Locker
+// leaves the client open. Errors wrap [backend.ErrInvalidConfig] (bad
+// options, opts.Locker included, before any I/O; a missing right on the
+// prefix, naming the grant to make) or
 // [backend.ErrUnavailable].
 func New(ctx context.Context, client *clientv3.Client, opts *Options) (*dlock.Locker, error) {
 	var lo *dlock.Options
@@ -132,8 +140,14 @@ func NewDriver(ctx context.Context, client *clientv3.Client, opts *Options) (*Dr
 	if opts != nil {
 		o = *opts
 	}
-	if o.Prefix == "" {
+	switch {
+	case o.Prefix == "":
 		o.Prefix = DefaultPrefix
+	case !strings.HasSuffix(o.Prefix, "/"):
+		// "app" would share its keys' directories with "app2" ("app"+"2x"
+		// and "app2"+"x"), and a role granted the prefix "app" would
+		// cover "app2".
+		return nil, fmt.Errorf("%w: etcd: Prefix %q does not end with \"/\" (want such as %q)", backend.ErrInvalidConfig, o.Prefix, o.Prefix+"/")
 	}
 	switch {
 	case o.RequestTimeout < 0:
@@ -167,6 +181,9 @@ func NewDriver(ctx context.Context, client *clientv3.Client, opts *Options) (*Dr
 	_, _ = call(ctx, d, "revoking the probe lease", func(ctx context.Context) (*clientv3.LeaseRevokeResponse, error) {
 		return client.Revoke(ctx, g.ID)
 	})
+	if err := d.checkAccess(ctx); err != nil {
+		return nil, err
+	}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	d.closing = make(chan struct{})
 	d.revokeCtx, d.revokeEnd = context.WithCancel(context.Background())
@@ -188,6 +205,38 @@ func NewDriver(ctx context.Context, client *clientv3.Client, opts *Options) (*Dr
 	case <-t.C:
 	}
 	return d, nil
+}
+
+// accessProbe is the key, under the prefix, of checkAccess's transaction
+// (which never writes it).
+const accessProbe = "\x00dlock-access-check"
+
+// checkAccess asks the cluster whether the client may read, write and
+// delete the keys under the prefix, in one transaction that changes
+// nothing: etcd checks the rights for both branches of a transaction
+// before it evaluates the comparison, which here is never true. A missing
+// right is an ErrInvalidConfig that names the user, the prefix and the
+// grant to make (without it the prefix watch would fail for as long as the
+// Driver lives, and every acquire with it).
+func (d *Driver) checkAccess(ctx context.Context) error {
+	probe := d.prefix + accessProbe
+	_, err := call(ctx, d, "checking the rights on the prefix", func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return d.client.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(probe), "<", 0)).
+			Then(clientv3.OpPut(probe, ""), clientv3.OpDelete(probe+"/")). // one key may not be both
+			Else(clientv3.OpGet(d.prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1))).
+			Commit()
+	})
+	if errors.Is(err, rpctypes.ErrPermissionDenied) {
+		who := "the client"
+		if d.client.Username != "" {
+			who = fmt.Sprintf("user %q", d.client.Username)
+		}
+		return fmt.Errorf("%w: etcd: %s may not read, write and delete the keys under prefix %q (%w); "+
+			"give one of its roles the range: etcdctl role grant-permission ROLE readwrite --prefix=true %s",
+			backend.ErrInvalidConfig, who, d.prefix, rpctypes.ErrPermissionDenied, d.prefix)
+	}
+	return err
 }
 
 // escapeKey makes a lock name usable as one etcd key segment: "%" and "/"

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -283,10 +284,12 @@ func (h *hub) wakeAllLocked() {
 
 // run keeps the watch going until ctx ends. When the watch breaks
 // (compacted, cancelled by a member without a leader, a client error) the
-// waiters are woken, and the watch is made again; once it is created, the
-// held keys are read (a delete between the break and the new watch would
-// otherwise be missed) and the waiters woken again.
+// waiters are woken, and the watch is made again (after watchBackoff);
+// once it is created, the held keys are read (a delete between the break
+// and the new watch would otherwise be missed) and the waiters woken again.
 func (h *hub) run(ctx context.Context) {
+	failures := 0 // watches since the last one created
+	var warned time.Time
 	for ctx.Err() == nil {
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		h.mu.Lock()
@@ -296,19 +299,18 @@ func (h *hub) run(ctx context.Context) {
 		if before != nil {
 			before()
 		}
+		var werr error
 		wch := h.d.client.Watch(wctx, h.d.prefix, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
 		for wr := range wch {
 			if err := wr.Err(); err != nil {
-				if ctx.Err() == nil {
-					h.d.log.Warn("dlock/etcd: the watch on the lock prefix broke; waking the waiters and watching again",
-						"prefix", h.d.prefix, "error", err)
-				}
+				werr = err
 				break
 			}
 			if wr.Created {
 				if err := h.established(wctx); err != nil {
 					break
 				}
+				failures = 0
 				continue
 			}
 			h.dispatch(wr.Events)
@@ -319,8 +321,41 @@ func (h *hub) run(ctx context.Context) {
 		h.gen++
 		h.wakeAllLocked()
 		h.mu.Unlock()
-		_ = pause(ctx, watchRetryPause)
+		if ctx.Err() != nil {
+			return
+		}
+		failures++
+		wait := watchBackoff(failures)
+		// One warning when a working watch breaks; while it cannot be
+		// made again (a user without the right to read the prefix, a
+		// cluster without a leader), one per watchWarnEvery.
+		if werr != nil && (failures == 1 || time.Since(warned) >= watchWarnEvery) {
+			warned = time.Now()
+			h.d.log.Warn("dlock/etcd: the watch on the lock prefix broke; waking the waiters and watching again",
+				"prefix", h.d.prefix, "error", werr, "attempt", failures, "retry_in", wait)
+		}
+		_ = pause(ctx, wait)
 	}
+}
+
+// watchWarnEvery spaces the warnings of a prefix watch that keeps failing.
+const watchWarnEvery = 30 * time.Second
+
+// watchBackoff is the pause before making the prefix watch again after
+// failures watches in a row ended without being created (or broke once
+// created, for the first): watchRetryPause for the first three, then
+// doubling, up to 2s. A watch that breaks now and then is made again at
+// once; one that cannot be made (a missing right: see checkAccess) is
+// not retried 20 times a second.
+func watchBackoff(failures int) time.Duration {
+	const most = 2 * time.Second
+	if failures <= 3 {
+		return watchRetryPause
+	}
+	if failures > 10 {
+		return most
+	}
+	return min(watchRetryPause<<(failures-3), most)
 }
 
 // established runs when the watch is created: it wakes the waiters, reads

@@ -15,8 +15,10 @@ var _ backend.Inspector = (*Driver)(nil)
 // Inspect implements backend.Inspector. It reads key's queue (the keys
 // under its directory, by create revision): the first is the holder, its
 // create revision the token, the time left on its etcd lease the TTL (whole
-// seconds, from LeaseTimeToLive), and the others are the waiters. It writes
-// nothing.
+// seconds, from LeaseTimeToLive), and the others are the waiters. It reads
+// one value, the holder's (its lease is in the same record; a keys-only
+// read leaves it out), which etcd bounds by its request size limit (1.5
+// MiB by default); it writes nothing.
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
 	resp, err := d.get(ctx, "reading the queue", d.dir(key),
 		clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(1))

@@ -175,12 +175,15 @@ func reacquire(t *testing.T, l *dlock.Locker, ao *dlock.AcquireOptions, between 
 func deadlineWithinServer(t *testing.T, admin *clientv3.Client, le *dlock.Lease, why string) {
 	t.Helper()
 	own, _ := etcd.OwnerOf(le)
-	asked := time.Now()
 	ttl, err := admin.TimeToLive(t.Context(), own.Lease)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if serverEnd := asked.Add(time.Duration(ttl.TTL+1) * time.Second); le.Deadline().After(serverEnd) {
+	// The server read what is left at some time before the answer,
+	// and rounds it down to whole seconds: it expires before
+	// answered + TTL + 1s.
+	answered := time.Now()
+	if serverEnd := answered.Add(time.Duration(ttl.TTL+1) * time.Second); le.Deadline().After(serverEnd) {
 		t.Errorf("Deadline is %v after the server's expiry (remaining TTL %ds): %s",
 			le.Deadline().Sub(serverEnd).Round(time.Millisecond), ttl.TTL, why)
 	}
