@@ -249,5 +249,33 @@
 // dial_timeout (default 5s): Open pings every node and fails, by then, with
 // each failed node's error (and its last dial error) unless a majority
 // answered. Bad values and unknown parameters are errors wrapping
-// [backend.ErrInvalidConfig], before any I/O.
+// [backend.ErrInvalidConfig], before any I/O. The prefix must not contain
+// '{' or '}'.
+//
+// # TLS
+//
+// redlocks:// dials every node over TLS and verifies each node's
+// certificate, against the system's CAs by default, for the host dialled:
+//
+//	redlocks://:password@h1:6380,h2:6380,h3:6380?ca=/etc/redis/ca.pem
+//
+// Its parameters (redlocks only; those of rediss:// in the redis backend),
+// the same for every node:
+//
+//   - ca: a PEM file of the CAs to trust instead of the system's (a private
+//     CA);
+//   - cert and key: PEM files of a client certificate and its key (both or
+//     neither), for nodes that ask for one;
+//   - server_name: the name to verify in every node's certificate (default
+//     each node's host);
+//   - skip_verify=true: INSECURE. No node's certificate is checked at all:
+//     anyone on the network path can pose as a node and read the password
+//     and every lock. Use ca= for a private CA instead. Open logs a warning
+//     on the Locker's Logger when it is set.
+//
+// A file that cannot be read, holds no PEM certificate, or a cert without
+// its key is an error wrapping [backend.ErrInvalidConfig], before any
+// other I/O. redlock:// sends the password (AUTH) in clear text to every
+// node: Open logs one warning when a redlock:// URL carries a password and
+// a node's host is not loopback (localhost, 127.0.0.0/8, ::1).
 package redlock

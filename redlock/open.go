@@ -2,7 +2,9 @@ package redlock
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"slices"
@@ -19,14 +21,17 @@ import (
 )
 
 func init() {
-	dlock.DefaultURLMux().RegisterLocker("redlock", &URLOpener{})
+	m := dlock.DefaultURLMux()
+	m.RegisterLocker("redlock", &URLOpener{})
+	m.RegisterLocker("redlocks", &URLOpener{})
 }
 
-// URLOpener opens redlock:// URLs:
+// URLOpener opens redlock:// and redlocks:// (TLS to every node) URLs:
 //
 //	redlock://[[user]:password@]h1:6379,h2:6379,h3:6379[/db]?ttl=10s&prefix=dlock:&drift_factor=0.01&node_timeout=50ms
 //
-// The credentials and database apply to every node. The package registers
+// The credentials, database and TLS parameters apply to every node (see
+// the package documentation). The package registers
 // a zero URLOpener on dlock.DefaultURLMux; register one of your own on a
 // dlock.URLMux to open URLs with your own clients, Logger or Options.
 type URLOpener struct {
@@ -93,6 +98,7 @@ func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error)
 		return nil, err
 	}
 	d.ownsClients = true
+	warnTransport(d.log, nodes)
 	if err := reachQuorum(dctx, d, dials, dialTimeout); err != nil {
 		_ = d.Close()
 		return nil, err
@@ -168,14 +174,34 @@ func (dialHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.Pr
 	return next
 }
 
+// warnTransport logs, on log, one warning for nodes whose connections
+// anyone on the network path can read: TLS without certificate checks
+// (skip_verify=true), or a password sent in clear text to nodes not on
+// loopback.
+func warnTransport(log *slog.Logger, nodes []*goredis.Options) {
+	var remote []string
+	for _, o := range nodes {
+		if o.TLSConfig != nil && o.TLSConfig.InsecureSkipVerify {
+			log.Warn("dlock/redlock: "+urlparam.SkipVerifyWarning, "nodes", len(nodes))
+			return
+		}
+		if o.TLSConfig == nil && o.Password != "" && !urlparam.Loopback(o.Addr) {
+			remote = append(remote, o.Addr)
+		}
+	}
+	if len(remote) > 0 {
+		log.Warn("dlock/redlock: "+urlparam.PlaintextPasswordWarning, "nodes", strings.Join(remote, ","))
+	}
+}
+
 // parseURL turns u into one client configuration per node and the options
 // (base, with the fields the URL names set from it), without I/O.
 func parseURL(u *url.URL, base Options) ([]*goredis.Options, *Options, error) {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: redlock: "+format, append([]any{backend.ErrInvalidConfig}, args...)...)
 	}
-	if u.Scheme != "redlock" {
-		return nil, nil, bad("scheme %q: want redlock", u.Scheme)
+	if u.Scheme != "redlock" && u.Scheme != "redlocks" {
+		return nil, nil, bad("scheme %q: want redlock or redlocks", u.Scheme)
 	}
 	if u.Host == "" {
 		return nil, nil, bad("no nodes in %s (want redlock://h1:6379,h2:6379,h3:6379)", u.Redacted())
@@ -224,8 +250,40 @@ func parseURL(u *url.URL, base Options) ([]*goredis.Options, *Options, error) {
 		}
 		o.NodeTimeout = t
 	}
-	if err := urlparam.NoneLeft(q, "ttl", "prefix", "drift_factor", "node_timeout", "dial_timeout"); err != nil {
+	// TLS, for redlocks only: the parameters of rediss:// in the redis
+	// backend.
+	var tlsParams [5]string
+	for i, name := range []string{"ca", "cert", "key", "server_name", "skip_verify"} {
+		v, ok, err := urlparam.Take(q, name)
+		if err != nil {
+			return nil, nil, urlparam.In("redlock", err)
+		}
+		if ok && u.Scheme != "redlocks" {
+			return nil, nil, bad("parameter %s needs the redlocks scheme (TLS)", name)
+		}
+		tlsParams[i] = v
+	}
+	var skipVerify bool
+	switch tlsParams[4] {
+	case "", "false", "0":
+	case "true", "1":
+		skipVerify = true
+	default:
+		return nil, nil, bad("parameter skip_verify=%q: want true or false", tlsParams[4])
+	}
+	known := []string{"ttl", "prefix", "drift_factor", "node_timeout", "dial_timeout"}
+	if u.Scheme == "redlocks" {
+		known = append(known, "ca", "cert", "key", "server_name", "skip_verify")
+	}
+	if err := urlparam.NoneLeft(q, known...); err != nil {
 		return nil, nil, urlparam.In("redlock", err)
+	}
+	var tc *tls.Config
+	if u.Scheme == "redlocks" {
+		if tc, err = urlparam.TLSConfig("redlock", tlsParams[0], tlsParams[1], tlsParams[2], tlsParams[3]); err != nil {
+			return nil, nil, err
+		}
+		tc.InsecureSkipVerify = skipVerify
 	}
 	var nodes []*goredis.Options
 	for _, h := range addrs {
@@ -235,6 +293,12 @@ func parseURL(u *url.URL, base Options) ([]*goredis.Options, *Options, error) {
 		if u.User != nil {
 			co.Username = u.User.Username()
 			co.Password, _ = u.User.Password()
+		}
+		if tc != nil {
+			co.TLSConfig = tc.Clone()
+			if co.TLSConfig.ServerName == "" {
+				co.TLSConfig.ServerName, _, _ = net.SplitHostPort(h) // the host dialled
+			}
 		}
 		nodes = append(nodes, co)
 	}

@@ -1,0 +1,192 @@
+package redlock_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"log/slog"
+	"math/big"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/internal/urlparam/urltest"
+	"github.com/dlock-go/dlock/redlock"
+)
+
+// logRecorder is a slog.Handler that keeps the messages of the records at
+// Warn level or above.
+type logRecorder struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (r *logRecorder) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (r *logRecorder) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, rec.Message)
+	return nil
+}
+func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *logRecorder) WithGroup(string) slog.Handler      { return r }
+
+// warnings returns the messages containing s.
+func (r *logRecorder) warnings(s string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, m := range r.msgs {
+		if strings.Contains(m, s) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// writeFile writes b to a file in dir and returns its path.
+func writeFile(t *testing.T, dir, name string, b []byte) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// otherCA returns the PEM certificate of a CA made for the test, which
+// issued no server's certificate.
+func otherCA(t *testing.T) []byte {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "another CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// openWithLog opens rawURL on a mux whose redlock opener logs to a new
+// logRecorder.
+func openWithLog(t *testing.T, rawURL string) (*dlock.Locker, *logRecorder, error) {
+	rec := &logRecorder{}
+	var mux dlock.URLMux
+	opener := &redlock.URLOpener{Options: redlock.Options{NodeTimeout: testNodeTimeout, Locker: &dlock.Options{Logger: slog.New(rec)}}}
+	mux.RegisterLocker("redlocks", opener)
+	l, err := mux.OpenLocker(t.Context(), rawURL)
+	if err == nil {
+		t.Cleanup(func() { _ = l.Close() })
+	}
+	return l, rec, err
+}
+
+// redlocks:// dials every node over TLS (issue 21, finding 7): over three
+// TLS-only Redis servers, with ca= naming their CA a lock cycle works;
+// another CA is refused with the x509 error; skip_verify=true connects
+// and logs one warning.
+func TestRedlocksTLS(t *testing.T) {
+	ss, caPEM := servers.RedisTLS(t, 3)
+	hosts := strings.Join(addrs(ss), ",")
+	dir := t.TempDir()
+	ca := writeFile(t, dir, "ca.pem", caPEM)
+	wrong := writeFile(t, dir, "other-ca.pem", otherCA(t))
+
+	t.Run("ca", func(t *testing.T) {
+		l, rec, err := openWithLog(t, "redlocks://"+hosts+"?ca="+url.QueryEscape(ca))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lease, err := l.Acquire(t.Context(), uniqueKey(t), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if w := rec.warnings(""); len(w) != 0 {
+			t.Errorf("warnings logged for verified TLS connections: %q", w)
+		}
+	})
+	t.Run("wrong ca", func(t *testing.T) {
+		_, _, err := openWithLog(t, "redlocks://"+hosts+"?dial_timeout=10s&ca="+url.QueryEscape(wrong))
+		if !errors.Is(err, dlock.ErrUnavailable) || !strings.Contains(err.Error(), "certificate signed by unknown authority") {
+			t.Errorf("Open = %v; want ErrUnavailable saying the certificate is signed by an unknown authority", err)
+		}
+	})
+	t.Run("skip_verify", func(t *testing.T) {
+		l, rec, err := openWithLog(t, "redlocks://"+hosts+"?skip_verify=true")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w := rec.warnings("skip_verify=true: the server's certificate is not checked"); len(w) != 1 {
+			t.Errorf("warnings about skip_verify: %q; want one", w)
+		}
+		if _, err := l.Inspect(t.Context(), uniqueKey(t)); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// The TLS parameters are refused before any I/O when they cannot be used:
+// on redlock:// (no TLS), or naming a file that is missing or holds no PEM,
+// or a cert without its key.
+func TestRedlocksBadTLSParams(t *testing.T) {
+	dir := t.TempDir()
+	notPEM := url.QueryEscape(writeFile(t, dir, "not.pem", []byte("not a certificate")))
+	missing := url.QueryEscape(filepath.Join(dir, "missing.pem"))
+	const nodes = "ADDR,127.0.0.1:2,127.0.0.1:3"
+	urltest.Rejected(t, []urltest.Case{
+		{URL: "redlock://" + nodes + "?ca=" + notPEM, Want: dlock.ErrInvalidConfig, Text: "needs the redlocks scheme"},
+		{URL: "redlock://" + nodes + "?skip_verify=true", Want: dlock.ErrInvalidConfig, Text: "needs the redlocks scheme"},
+		{URL: "redlocks://" + nodes + "?ca=" + missing, Want: dlock.ErrInvalidConfig, Text: "parameter ca"},
+		{URL: "redlocks://" + nodes + "?ca=" + notPEM, Want: dlock.ErrInvalidConfig, Text: "no PEM certificate"},
+		{URL: "redlocks://" + nodes + "?cert=" + notPEM, Want: dlock.ErrInvalidConfig, Text: "cert and key go together"},
+		{URL: "redlocks://" + nodes + "?cert=" + notPEM + "&key=" + notPEM, Want: dlock.ErrInvalidConfig, Text: "client certificate"},
+		{URL: "redlocks://" + nodes + "?skip_verify=maybe", Want: dlock.ErrInvalidConfig, Text: "skip_verify"},
+		{URL: "redlocks://" + nodes + "?pool_size=4", Want: dlock.ErrInvalidConfig, Text: "known: ca, cert, dial_timeout"},
+	})
+}
+
+// A password sent in clear text to nodes not on loopback is warned about,
+// once; on loopback, or over TLS, it is not.
+func TestPlaintextPasswordWarning(t *testing.T) {
+	for raw, want := range map[string]int{
+		"redlock://:pw@10.1.2.3:6379,10.1.2.4:6379,127.0.0.1:6379":   1,
+		"redlock://:pw@127.0.0.1:6379,localhost:6380,127.0.0.2:6379": 0,
+		"redlock://10.1.2.3:6379,10.1.2.4:6379,10.1.2.5:6379":        0,
+		"redlocks://:pw@10.1.2.3:6379,10.1.2.4:6379,10.1.2.5:6379":   0,
+	} {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes, _, err := redlock.ParseURL(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := &logRecorder{}
+		redlock.WarnTransport(slog.New(rec), nodes)
+		if got := len(rec.warnings("sent in clear text")); got != want {
+			t.Errorf("%s: %d clear-text warnings; want %d", u.Redacted(), got, want)
+		}
+	}
+}
