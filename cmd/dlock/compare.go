@@ -58,8 +58,8 @@ shown on standard error when it is a terminal.
 Compare never touches keys outside --prefix: it rewrites each URL so that
 every key lives under it (the prefix parameter of redis and redlock URLs,
 as PREFIX:, and the path of etcd and zk URLs; mem:// stores are private
-to the process), and it refuses to run, naming the keys it found, if a
-backend already has keys under the prefix.
+to the process), and it refuses to run, naming the keys it found (quoted,
+as Go strings), if a backend already has keys under the prefix.
 
 Exit status: 0 when every backend was measured, 1 when a backend could
 not be opened, had keys under the prefix, or failed during the run, 2 for
@@ -178,7 +178,7 @@ func runCompare(ctx context.Context, e *env, args []string) int {
 		pr.show("opening %s", t.name)
 		if err := t.open(ctx, e); err != nil {
 			pr.done()
-			fmt.Fprintf(e.stderr, "dlock compare: %v\n", err)
+			fmt.Fprintf(e.stderr, "dlock compare: %s\n", printable(err.Error()))
 			if isUsage(err) {
 				return exitUsage
 			}
@@ -187,7 +187,7 @@ func runCompare(ctx context.Context, e *env, args []string) int {
 		keys, err := t.keys(ctx)
 		if err != nil {
 			pr.done()
-			fmt.Fprintf(e.stderr, "dlock compare: %s: listing the keys under %q: %v\n", t.name, p, err)
+			fmt.Fprintf(e.stderr, "dlock compare: %s: listing the keys under %q: %s\n", t.name, p, printable(err.Error()))
 			return exitFailure
 		}
 		if len(keys) > 0 {
@@ -380,7 +380,7 @@ func (t *cmpTarget) run(ctx context.Context, budget time.Duration, n int, phase 
 		Fencing: g.Fencing.String(), ClockDependent: g.ClockDependent, ToleratedFailures: g.ToleratedFailures,
 		FIFO: g.FIFO, WakesWaiters: g.WakesWaiters,
 	}}
-	fail := func(what string, err error) { r.Errors = append(r.Errors, what+": "+err.Error()) }
+	fail := func(what string, err error) { r.Errors = append(r.Errors, what+": "+printable(err.Error())) }
 
 	// The pause runs first: it takes a little more than the shortest TTL
 	// the backend grants, and may take up to two thirds of the budget (it

@@ -96,7 +96,7 @@ func inspectCmd(ctx context.Context, e *env, args []string) int {
 		if isUsage(err) {
 			return usageErr("%v", err)
 		}
-		fmt.Fprintf(e.stderr, "dlock inspect: %v\n", err)
+		fmt.Fprintf(e.stderr, "dlock inspect: %s\n", printable(err.Error()))
 		return exitFailure
 	}
 	defer l.Close()
@@ -105,7 +105,7 @@ func inspectCmd(ctx context.Context, e *env, args []string) int {
 		if errors.Is(err, dlock.ErrInvalidKey) {
 			return usageErr("%v", err)
 		}
-		fmt.Fprintf(e.stderr, "dlock inspect: %v\n", err)
+		fmt.Fprintf(e.stderr, "dlock inspect: %s\n", printable(err.Error()))
 		return exitFailure
 	}
 	if *asJSON {

@@ -34,6 +34,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 )
 
 // Exit statuses (see the package documentation).
@@ -142,6 +144,28 @@ func parseFlags(e *env, fs *flag.FlagSet, args []string) (status int, ok bool) {
 	}
 	return exitUsage, false
 }
+
+// printable is s with every rune that is not printable (control
+// characters, terminal escape sequences' ESC among them) written as a Go
+// escape (\x1b, \n), for a string that comes from a server, such as a
+// backend's error, printed to a terminal.
+func printable(s string) string {
+	if !strings.ContainsFunc(s, notPrintable) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if notPrintable(r) {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		} else {
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+func notPrintable(r rune) bool { return r != ' ' && !strconv.IsPrint(r) }
 
 // usageFail prints "dlock NAME: message" and where to find the usage on
 // standard error, and returns exitUsage.

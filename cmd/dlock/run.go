@@ -142,7 +142,7 @@ func runCmd(ctx context.Context, e *env, args []string) int {
 		if isUsage(err) {
 			return usageErr("%v", err)
 		}
-		fmt.Fprintf(e.stderr, "dlock run: %v\n", err)
+		fmt.Fprintf(e.stderr, "dlock run: %s\n", printable(err.Error()))
 		return exitDlockFailed
 	}
 	defer locker.Close()
@@ -205,7 +205,7 @@ func runAcquire(ctx context.Context, e *env, locker *dlock.Locker, key string, a
 		fmt.Fprintf(e.stderr, "dlock run: %v while waiting for the lock\n", sig)
 		return nil, runSignalStatus(sig)
 	case errors.Is(r.err, dlock.ErrInvalidKey) || errors.Is(r.err, dlock.ErrInvalidTTL) || errors.Is(r.err, dlock.ErrInvalidConfig):
-		fmt.Fprintf(e.stderr, "dlock run: %v\nRun 'dlock run -h' for usage.\n", r.err)
+		fmt.Fprintf(e.stderr, "dlock run: %s\nRun 'dlock run -h' for usage.\n", printable(r.err.Error()))
 		return nil, exitUsage
 	case try && errors.Is(r.err, dlock.ErrNotAcquired):
 		fmt.Fprintf(e.stderr, "dlock run: %s is held (--try)\n", key)
@@ -214,7 +214,7 @@ func runAcquire(ctx context.Context, e *env, locker *dlock.Locker, key string, a
 		fmt.Fprintf(e.stderr, "dlock run: %s is held: not acquired within %v (--wait)\n", key, wait)
 		return nil, exitNotAcquired
 	}
-	fmt.Fprintf(e.stderr, "dlock run: %v\n", r.err)
+	fmt.Fprintf(e.stderr, "dlock run: %s\n", printable(r.err.Error()))
 	return nil, exitDlockFailed
 }
 
@@ -263,7 +263,7 @@ wait:
 		case <-lost:
 			lost = nil
 			leaseLost = true
-			fmt.Fprintf(e.stderr, "dlock run: lease on %s lost (%v): stopping the command (SIGTERM, SIGKILL after %v)\n", lease.Key(), lease.Err(), grace)
+			fmt.Fprintf(e.stderr, "dlock run: lease on %s lost (%v): stopping the command (SIGTERM, SIGKILL after %v)\n", lease.Key(), printable(fmt.Sprint(lease.Err())), grace)
 			_ = cmd.Process.Signal(syscall.SIGTERM)
 			t := time.NewTimer(grace)
 			defer t.Stop()
@@ -296,7 +296,7 @@ func runRelease(e *env, lease *dlock.Lease) {
 	ctx, cancel := context.WithTimeout(context.Background(), runReleaseTimeout)
 	defer cancel()
 	if err := lease.Release(ctx); err != nil && !errors.Is(err, dlock.ErrNotHeld) {
-		fmt.Fprintf(e.stderr, "dlock run: warning: %v (the lock ends with its TTL)\n", err)
+		fmt.Fprintf(e.stderr, "dlock run: warning: %s (the lock ends with its TTL)\n", printable(err.Error()))
 	}
 }
 

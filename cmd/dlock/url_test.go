@@ -69,3 +69,18 @@ func TestBadURLNotPrinted(t *testing.T) {
 		}
 	}
 }
+
+// TestPrintable: a server's string printed in an error line reaches the
+// terminal without control characters (issue 21, finding 9).
+func TestPrintable(t *testing.T) {
+	for in, want := range map[string]string{
+		`etcd: "orders/42" held`:       `etcd: "orders/42" held`,
+		"key \x1b[2J\x1b[H cleared":    `key \x1b[2J\x1b[H cleared`,
+		"two\nlines\r\tand \x7f\u202e": `two\nlines\r\tand \x7f\u202e`,
+		"ünïcode ok":                   "ünïcode ok",
+	} {
+		if got := printable(in); got != want {
+			t.Errorf("printable(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
