@@ -209,6 +209,29 @@
 // knowing the policy is noeviction, set EvictionCheck to [EvictionWarn] or
 // [EvictionIgnore] (eviction_check=warn or ignore in a URL).
 //
+// # Permissions
+//
+// A least-privilege ACL user needs, on keys and channels under the prefix
+// (dlock: here), the commands the backend sends and those its Lua scripts
+// call (Redis checks those too):
+//
+//	ACL SETUSER locker reset on >pw ~dlock:* &dlock:* +evalsha +eval +script|load +get +set +del +append +incr +pexpire +pttl +time +publish +subscribe +unsubscribe +ping +config|get
+//
+// plus +wait with WaitReplicas (wait_replicas), and less +config|get with
+// EvictionCheck warn or ignore. Mind the channels (&dlock:*): Redis 7
+// gives a new user none, and without them waiters are never woken by a
+// release. [NewDriver] (so [New] and Open) checks these rights on a probe
+// key and channel under the prefix (one pipelined round trip, and a
+// SUBSCRIBE and UNSUBSCRIBE on a pub/sub connection of its own) and
+// refuses a user that lacks one with an error wrapping
+// [backend.ErrInvalidConfig] that names it and the rule that grants it
+// (on a Cluster, on the node serving the probe key; give every node the
+// same ACL). Rights taken away later are errors, not hangs: a refused
+// SUBSCRIBE fails the watch (the waiter then polls, with a warning on the
+// Locker's Logger), and a release whose PUBLISH is refused still deletes
+// the lock and returns nil (logging a warning: waiters find the lock free
+// when they next poll).
+//
 // # URL
 //
 // The schemes are redis:// (plain TCP) and rediss:// (TLS):

@@ -25,7 +25,6 @@ import (
 func TestConcurrentCallsSharePipelines(t *testing.T) {
 	h := &roundTrips{}
 	c := goredis.NewClient(&goredis.Options{Addr: serverAddr(t)})
-	c.AddHook(h)
 	t.Cleanup(func() { _ = c.Close() })
 	if err := c.Ping(t.Context()).Err(); err != nil {
 		t.Fatal(err)
@@ -36,6 +35,7 @@ func TestConcurrentCallsSharePipelines(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
+	c.AddHook(h) // after NewDriver: its rights check sends a pipeline of scripts, once
 
 	// A lone caller: no pipeline.
 	key := uniqueKey(t)

@@ -124,7 +124,9 @@ type Options struct {
 	// Locker configures the *dlock.Locker that [New] returns (default TTL,
 	// retry bounds, ...). Default nil (dlock's defaults). Its Logger also
 	// receives the backend's warnings (eviction policy, CONFIG
-	// unavailable; default slog.Default()): the one field NewDriver reads.
+	// unavailable, a right that could not be checked, a release that
+	// could not be published; default slog.Default()): the one field
+	// NewDriver reads.
 	Locker *dlock.Options
 }
 
@@ -148,6 +150,10 @@ type Driver struct {
 
 	evictionCheck EvictionCheck
 
+	// unannounced is when a release that could not be published was
+	// last logged (UnixNano; 0: never), see warnUnannounced.
+	unannounced atomic.Int64
+
 	hub  hub
 	pipe pipe // shared pipelines for concurrent acquires and releases
 
@@ -166,11 +172,14 @@ type shardIterator interface {
 }
 
 // NewDriver checks opts and the server's eviction policy (see
-// [Options].EvictionCheck), loads the scripts, and returns the driver. It
-// does not take ownership of client: [Driver.Close] leaves it open.
+// [Options].EvictionCheck), loads the scripts, checks that the client's
+// user has every right the backend needs (see the package documentation,
+// Permissions), and returns the driver. It does not take ownership of
+// client: [Driver.Close] leaves it open.
 //
 // Errors wrap [backend.ErrInvalidConfig] (bad options, a refused eviction
-// policy; returned before any I/O where the options alone are wrong) or
+// policy, a right the user lacks, named with the ACL SETUSER rule that
+// grants it; returned before any I/O where the options alone are wrong) or
 // [backend.ErrUnavailable] (the server could not be reached).
 func NewDriver(ctx context.Context, client goredis.UniversalClient, opts *Options) (*Driver, error) {
 	d, err := newDriver(client, opts)
@@ -273,17 +282,73 @@ func readTimeout(client goredis.UniversalClient) (time.Duration, bool) {
 	return rt, rt > 0
 }
 
-// start does the I/O of NewDriver: the eviction check and script loading.
+// start does the I/O of NewDriver: the eviction check, script loading and
+// the rights check.
 func (d *Driver) start(ctx context.Context) error {
 	if err := d.checkEviction(ctx); err != nil {
 		return err
 	}
 	for _, s := range []*goredis.Script{acquireScript, releaseScript, refreshScript, refreshManyScript} {
 		if err := s.Load(ctx, d.client).Err(); err != nil {
+			if r, ok := redisscript.AsRefusal("script|load", "", err); ok {
+				return d.refused([]redisscript.Refusal{r})
+			}
 			return fmt.Errorf("%w: redis: loading scripts: %w", backend.ErrUnavailable, err)
 		}
 	}
+	return d.checkRights(ctx)
+}
+
+// checkRights checks that the client's user may run what the backend runs
+// (see the package documentation, Permissions): on a probe lock key under
+// the prefix, which no lock uses, the scripts' commands, EVALSHA and EVAL,
+// its release channel (PUBLISH, from the probe script; SUBSCRIBE and
+// UNSUBSCRIBE, on a connection of its own), and WAIT when WaitReplicas >
+// 0. Without such a check a user without channel rights (Redis 7's default
+// for a new ACL user) would open fine, its waiters would each fall back to
+// polling, and its releases would not be published. It costs one
+// pipelined round trip and, in parallel, a pub/sub connection's dial and
+// two round trips, once per NewDriver. A right refused is an error
+// wrapping backend.ErrInvalidConfig that names it; a check the server
+// cannot run (an error reply that is not a refusal: a proxy, an old
+// server) is logged and skipped.
+func (d *Driver) checkRights(ctx context.Context) error {
+	lk := d.lockKey("probe:" + newValue()[:16])
+	channel := lk + releaseSuffix
+	var extra [][]any
+	if d.waitN > 0 {
+		extra = append(extra, []any{"wait", 0, 1}) // 0 replicas: answered at once
+	}
+	var (
+		subErr error
+		wg     sync.WaitGroup
+	)
+	wg.Go(func() { subErr = d.hub.h.CheckSubscribe(ctx, channel) })
+	refused, err := redisscript.CheckRights(ctx, d.client, lk, extra...)
+	wg.Wait()
+	if r, ok := redisscript.AsRefusal("subscribe", channel, subErr); ok {
+		refused = append(refused, r)
+	}
+	if len(refused) > 0 {
+		return d.refused(refused)
+	}
+	if err != nil && !isServerError(err) {
+		return fmt.Errorf("%w: redis: checking the user's rights: %w", backend.ErrUnavailable, err)
+	}
+	if subErr != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w: redis: checking the user's rights: %w", backend.ErrUnavailable, ctx.Err())
+	}
+	for _, e := range []error{err, subErr} {
+		if e != nil {
+			d.log.Warn("dlock/redis: could not check every right the backend needs (see the package documentation, Permissions)", "error", e)
+		}
+	}
 	return nil
+}
+
+// refused is the error of NewDriver for rights the user lacks.
+func (d *Driver) refused(rs []redisscript.Refusal) error {
+	return redisscript.RightsError("redis", "", redisscript.User(d.client), d.prefix, rs)
 }
 
 // checkEviction reads maxmemory-policy from every server the client writes
@@ -612,16 +677,37 @@ func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 	return time.Duration(ms) * time.Millisecond, nil
 }
 
-// Release deletes the lock if it is still ours and wakes its waiters.
+// Release deletes the lock if it is still ours and wakes its waiters. A
+// lock deleted whose release could not be published (the user may not
+// publish to its channel) is released: Release returns nil and logs a
+// warning (see warnUnannounced); its waiters find it free when they next
+// poll.
 func (l *lease) Release(ctx context.Context) error {
 	n, _, err := l.d.script(ctx, releaseScript, l.keys[:1], l.args[:1])
 	if err != nil {
 		return unavailable(err)
 	}
-	if n != 1 {
-		return errNotHeld
+	switch n {
+	case 1:
+		return nil
+	case redisscript.ReleasedUnannounced:
+		l.d.warnUnannounced(l.keys[0])
+		return nil
 	}
-	return nil
+	return errNotHeld
+}
+
+// warnUnannounced logs, at most once a minute, that a lock was released
+// but its release could not be published.
+func (d *Driver) warnUnannounced(lockKey string) {
+	now := time.Now().UnixNano()
+	last := d.unannounced.Load()
+	if last != 0 && now-last < int64(time.Minute) || !d.unannounced.CompareAndSwap(last, now) {
+		return
+	}
+	d.log.Warn("dlock/redis: a lock was released, but the release could not be published to wake its waiters "+
+		"(may the user publish to the channel? ACL SETUSER <user> &"+d.prefix+"*); they find it free when they next poll "+
+		"(logged at most once a minute)", "key", lockKey, "channel", lockKey+releaseSuffix)
 }
 
 var errNotHeld = fmt.Errorf("%w: redis: the lock key is gone or has another owner", backend.ErrNotHeld)

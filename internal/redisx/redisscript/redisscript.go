@@ -5,9 +5,16 @@
 package redisscript
 
 import (
+	"context"
 	_ "embed"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock/backend"
 )
 
 var (
@@ -23,6 +30,8 @@ var (
 	raiseSrc string
 	//go:embed below.lua
 	belowSrc string // the exact counter comparison raise, release and refresh call
+	//go:embed probe.lua
+	probeSrc string
 )
 
 // The scripts (see each .lua file for KEYS, ARGV and the reply).
@@ -41,6 +50,9 @@ var (
 	// script (refreshmany.lua; one hash slot on a Cluster). Not in All:
 	// the redlock backend does not use it.
 	RefreshMany = goredis.NewScript(refreshManySrc)
+	// Probe tries every command the other scripts call on a probe key,
+	// for CheckRights (probe.lua). Not in All: it is sent with EVAL, once.
+	Probe = goredis.NewScript(probeSrc)
 )
 
 // All lists the scripts, for loading them.
@@ -53,3 +65,196 @@ const (
 	FenceSuffix   = ":fence"
 	ReleaseSuffix = ":released" // also spelled out in release.lua
 )
+
+// ReleasedUnannounced is the release script's reply when it deleted the
+// lock but could not publish the release (release.lua): the lock is
+// released, and its waiters learn it when they next poll.
+const ReleasedUnannounced = 2
+
+// Refusal is a right the server refused the connected user (an ACL
+// refusal), found by CheckRights or a backend's own check.
+type Refusal struct {
+	Command string // the command refused, lower case: "evalsha", "publish", "script|load"
+	Kind    string // what the user lacks the right to: "command", "key" or "channel"
+	Name    string // the key or channel (Kind "key" or "channel")
+	Reply   string // the server's error
+}
+
+// IsRefusal reports whether err is an error reply of the server refusing
+// a command for want of a right: NOPERM, or an ACL failure inside a
+// script (Redis 7 and 8 report those as ERR).
+func IsRefusal(err error) bool {
+	var re goredis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	m := strings.ToLower(re.Error())
+	return strings.HasPrefix(m, "noperm") || strings.Contains(m, "no permissions") ||
+		strings.Contains(m, "acl failure") || strings.Contains(m, "can't run this command")
+}
+
+// AsRefusal returns the refusal err reports, if it is one (IsRefusal), of
+// cmd (lower case) on the key or channel name.
+func AsRefusal(cmd, name string, err error) (Refusal, bool) {
+	if !IsRefusal(err) {
+		return Refusal{}, false
+	}
+	return refusal(cmd, name, err.Error()), true
+}
+
+// refusal reads reply, the server's refusal of cmd on name.
+func refusal(cmd, name, reply string) Refusal {
+	r := Refusal{Command: cmd, Kind: "command", Reply: reply}
+	m := strings.ToLower(reply)
+	switch {
+	case strings.Contains(m, "channel"):
+		r.Kind, r.Name = "channel", name
+	case strings.Contains(m, "key"):
+		r.Kind, r.Name = "key", name
+	default:
+		// "... no permissions to run the 'eval' command": the command
+		// named is the one refused (a script's EVAL, say).
+		if _, after, ok := strings.Cut(reply, " the '"); ok {
+			if c, _, ok := strings.Cut(after, "'"); ok && c != "" {
+				r.Command = strings.ToLower(c)
+			}
+		}
+	}
+	return r
+}
+
+// String describes r: what the user may not do, and the server's reply.
+func (r Refusal) String() string {
+	switch r.Kind {
+	case "channel":
+		return fmt.Sprintf("may not publish or subscribe to channel %q (%s: %s)", r.Name, strings.ToUpper(r.Command), r.Reply)
+	case "key":
+		return fmt.Sprintf("may not read or write key %q (%s: %s)", r.Name, strings.ToUpper(r.Command), r.Reply)
+	}
+	return fmt.Sprintf("may not run %s (%s)", strings.ToUpper(r.Command), r.Reply)
+}
+
+// Grant returns the ACL SETUSER rule that grants r to a user whose locks
+// are under prefix: "+publish", "~dlock:*" or "&dlock:*".
+func (r Refusal) Grant(prefix string) string {
+	switch r.Kind {
+	case "channel":
+		return "&" + prefix + "*"
+	case "key":
+		return "~" + prefix + "*"
+	}
+	return "+" + r.Command
+}
+
+// RightsError is the error of a backend that found refused (not empty)
+// when it was opened: it wraps backend.ErrInvalidConfig and names each
+// right and the ACL SETUSER command that grants them all. name is the
+// backend's ("redis", "redlock"), where says where after the user (""
+// or " on node 1 (h:6379)").
+func RightsError(name, where, user, prefix string, refused []Refusal) error {
+	var descs, grants []string
+	for _, r := range refused {
+		descs = append(descs, r.String())
+		if g := r.Grant(prefix); !slices.Contains(grants, g) {
+			grants = append(grants, g)
+		}
+	}
+	it := "it"
+	if len(grants) > 1 {
+		it = "them"
+	}
+	return fmt.Errorf("%w: %s: user %q%s %s: grant %s with ACL SETUSER %s %s (see the package documentation, Permissions)",
+		backend.ErrInvalidConfig, name, user, where, strings.Join(descs, "; "), it, user, strings.Join(grants, " "))
+}
+
+// User returns the name of the ACL user that client authenticates as, for
+// errors: its Username, "default" when it has none (and no credentials
+// provider, which may name one), else "<user>".
+func User(client goredis.UniversalClient) string {
+	var (
+		user     string
+		provided bool
+	)
+	switch c := client.(type) {
+	case interface{ Options() *goredis.Options }:
+		o := c.Options()
+		user, provided = o.Username, o.CredentialsProvider != nil || o.CredentialsProviderContext != nil || o.StreamingCredentialsProvider != nil
+	case interface {
+		Options() *goredis.ClusterOptions
+	}:
+		o := c.Options()
+		user, provided = o.Username, o.CredentialsProvider != nil || o.CredentialsProviderContext != nil || o.StreamingCredentialsProvider != nil
+	default:
+		provided = true
+	}
+	switch {
+	case user != "":
+		return user
+	case provided:
+		return "<user>"
+	}
+	return "default"
+}
+
+// CheckRights checks, on c, that the user may run what the lock scripts
+// run, on the probe lock key lk (under the prefix; no lock uses it), its
+// counter key and its release channel: in one pipeline, an EVALSHA of
+// Release on lk (with a value no lock has: it changes nothing; NOSCRIPT
+// counts as allowed), an EVAL of Probe (every command the scripts call;
+// probe.lua), and the caller's extra commands (WAIT 0 1, say). It returns
+// the refusals it found, and err, the first failure that is not a refusal:
+// a network error (nothing could be checked), or another error reply (a
+// proxy or an old server that cannot run the probe: the check is
+// incomplete, and the caller should not fail for it alone). On a Cluster,
+// every command of the pipeline but the extras goes to lk's slot.
+func CheckRights(ctx context.Context, c goredis.Cmdable, lk string, extra ...[]any) (refused []Refusal, err error) {
+	keys := []string{lk, lk + FenceSuffix}
+	pipe := c.Pipeline()
+	sha := Release.EvalSha(ctx, pipe, keys[:1], "")
+	ev := Probe.Eval(ctx, pipe, keys)
+	var extras []*goredis.Cmd
+	for _, e := range extra {
+		extras = append(extras, pipe.Do(ctx, e...))
+	}
+	_, _ = pipe.Exec(ctx) // the errors are in the commands
+	note := func(cmd, name string, e error) {
+		switch {
+		case e == nil:
+		case IsRefusal(e):
+			r, _ := AsRefusal(cmd, name, e)
+			refused = append(refused, r)
+		case err == nil:
+			err = fmt.Errorf("%s: %w", strings.ToUpper(cmd), e)
+		}
+	}
+	if e := sha.Err(); !goredis.HasErrorPrefix(e, "NOSCRIPT") {
+		note("evalsha", lk, e)
+	}
+	v, e := ev.Result()
+	note("eval", lk, e)
+	if e == nil {
+		out, ok := v.([]any)
+		if !ok || len(out)%3 != 0 {
+			note("eval", lk, fmt.Errorf("redisscript: unexpected reply from the probe script: %v", v))
+		}
+		for i := 0; ok && i+2 < len(out); i += 3 {
+			cmd, _ := out[i].(string)
+			name, _ := out[i+1].(string)
+			reply, _ := out[i+2].(string)
+			note(cmd, name, scriptError(reply))
+		}
+	}
+	for i, x := range extras {
+		note(strings.ToLower(fmt.Sprint(extra[i][0])), "", x.Err())
+	}
+	return refused, err
+}
+
+// scriptError is an error a call in the probe script returned: an error
+// reply of the server (goredis.Error), as it would be outside a script.
+type scriptError string
+
+func (e scriptError) Error() string { return string(e) }
+
+// RedisError marks scriptError as a goredis.Error.
+func (scriptError) RedisError() {}

@@ -16,7 +16,12 @@
 --
 -- Returns 1 when the lock was ours and is now deleted, 0 when it was not
 -- ours (released already, expired, or held by a newer holder): nothing was
--- changed then.
+-- changed then; 2 when the lock was ours and is now deleted but the PUBLISH
+-- that wakes its waiters failed (an ACL user without the right to publish
+-- on the channel, say): the lock is released all the same (a script's
+-- writes stand when a later call fails), and the waiters find it free when
+-- they next poll. PUBLISH goes through redis.pcall so that its failure
+-- does not make the script's reply an error that would hide the delete.
 --
 -- A failed acquire appends '+' (waitMark in redis.go) to the holder's value
 -- (see acquire.lua), so the value is ARGV[1] or ARGV[1] .. '+'. Only a
@@ -38,7 +43,10 @@ if v == ARGV[1] then
 end
 if v == ARGV[1] .. '+' then
 	redis.call('DEL', KEYS[1])
-	redis.call('PUBLISH', KEYS[1] .. ':released', '1')
+	local r = redis.pcall('PUBLISH', KEYS[1] .. ':released', '1')
+	if type(r) == 'table' and r.err then
+		return 2
+	end
 	return 1
 end
 return 0
