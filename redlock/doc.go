@@ -239,6 +239,29 @@
 // lone commands do not serve pipelined clean-ups. A client with
 // PipelinePoolSize set to -1 sends pipelines on its one pool.
 //
+// # Permissions
+//
+// A least-privilege ACL user needs, on every node, on keys and channels
+// under the prefix (dlock: here), the commands the backend sends and those
+// its Lua scripts call (Redis checks those too):
+//
+//	ACL SETUSER locker reset on >pw ~dlock:* &dlock:* +evalsha +eval +script|load +get +set +del +append +incr +pexpire +pttl +time +publish +subscribe +unsubscribe +ping
+//
+// Mind the channels (&dlock:*): Redis 7 gives a new user none, and
+// without them waiters are never woken by a release. [NewDriver] (so
+// [New] and Open) loads the scripts and checks these rights on every node
+// that answers within 4 × NodeTimeout, on a probe key and channel under
+// the prefix (one pipelined round trip after the script loads, and a
+// SUBSCRIBE and UNSUBSCRIBE on a pub/sub connection of its own), and
+// refuses a node whose user lacks one with an error wrapping
+// [backend.ErrInvalidConfig] that names the node, the right and the rule
+// that grants it. Rights taken away later are errors, not hangs: a node
+// that refuses a script fails that call (counted as a failed node); a
+// refused SUBSCRIBE fails that node's watch (without a majority of
+// watches the waiter polls, with a warning on the Locker's Logger); a
+// release whose PUBLISH is refused still deletes the lock there and counts
+// as released (logging a warning).
+//
 // # URL
 //
 //	redlock://[[user]:password@]h1:6379,h2:6379,h3:6379[/db]?ttl=10s&prefix=dlock:&drift_factor=0.01&node_timeout=50ms&dial_timeout=5s
