@@ -77,3 +77,7 @@ func InjectFault(d *Driver, f func(doing string, id clientv3.LeaseID) error) {
 func HoldMove(d *Driver, f func(to clientv3.LeaseID, commit func(context.Context) (bool, error)) error) {
 	d.holdMove = f
 }
+
+// WarnTransport is the warning of a URL's client that sends its password
+// in clear text.
+var WarnTransport = warnTransport

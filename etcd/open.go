@@ -2,13 +2,10 @@ package etcd
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
-	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -105,6 +102,7 @@ func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error)
 	if opts.Locker != nil && opts.Locker.Logger != nil {
 		log = opts.Locker.Logger
 	}
+	warnTransport(log, cfg)
 	var up atomic.Bool // the first round trip has been answered
 	cfg.Logger = zapLogger(log, &up)
 	var dials urlparam.DialRecorder
@@ -208,7 +206,7 @@ func parseURL(u *url.URL, base Options) (*clientv3.Config, *Options, error) {
 		return nil, nil, urlparam.In("etcd", err)
 	}
 	if u.Scheme == "etcds" {
-		tc, err := tlsConfig(tlsParams[0], tlsParams[1], tlsParams[2], tlsParams[3])
+		tc, err := urlparam.TLSConfig("etcd", tlsParams[0], tlsParams[1], tlsParams[2], tlsParams[3])
 		if err != nil {
 			return nil, nil, err
 		}
@@ -217,28 +215,16 @@ func parseURL(u *url.URL, base Options) (*clientv3.Config, *Options, error) {
 	return cfg, &o, nil
 }
 
-// tlsConfig builds the client's TLS configuration from PEM files.
-func tlsConfig(ca, cert, key, serverName string) (*tls.Config, error) {
-	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
-	if ca != "" {
-		pem, err := os.ReadFile(ca)
-		if err != nil {
-			return nil, fmt.Errorf("%w: etcd: parameter ca: %w", backend.ErrInvalidConfig, err)
-		}
-		tc.RootCAs = x509.NewCertPool()
-		if !tc.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%w: etcd: parameter ca: no PEM certificate in %s", backend.ErrInvalidConfig, ca)
+// warnTransport logs, on log, a warning for a client that sends its
+// password in clear text (etcd://, no TLS) to an endpoint not on loopback.
+func warnTransport(log *slog.Logger, cfg *clientv3.Config) {
+	if cfg.TLS != nil || cfg.Password == "" {
+		return
+	}
+	for _, ep := range cfg.Endpoints {
+		if h := strings.TrimPrefix(ep, "http://"); !urlparam.Loopback(h) {
+			log.Warn("dlock/etcd: "+urlparam.PlaintextPasswordWarning, "endpoint", h)
+			return
 		}
 	}
-	if (cert == "") != (key == "") {
-		return nil, fmt.Errorf("%w: etcd: parameters cert and key go together", backend.ErrInvalidConfig)
-	}
-	if cert != "" {
-		pair, err := tls.LoadX509KeyPair(cert, key)
-		if err != nil {
-			return nil, fmt.Errorf("%w: etcd: client certificate: %w", backend.ErrInvalidConfig, err)
-		}
-		tc.Certificates = []tls.Certificate{pair}
-	}
-	return tc, nil
 }
