@@ -250,16 +250,16 @@ func runCompare(ctx context.Context, e *env, args []string) int {
 func cmpUnderPrefix(u *url.URL, prefix string) (*url.URL, error) {
 	r := *u
 	switch u.Scheme {
-	case "redis", "rediss", "redlock":
+	case "redis", "rediss", "redlock", "redlocks":
 		q := r.Query()
 		q.Set("prefix", prefix+":")
 		r.RawQuery = q.Encode()
-	case "etcd", "etcds", "zk":
+	case "etcd", "etcds", "zk", "zks":
 		r.Path, r.RawPath = "/"+prefix, ""
 	case "mem":
 		// A mem:// store lives in this process: nobody else's keys are in it.
 	default:
-		return nil, fmt.Errorf("%s: cannot put the keys of a %s:// backend under --prefix (compare knows redis, rediss, redlock, etcd, etcds, zk and mem)", u.Redacted(), u.Scheme)
+		return nil, fmt.Errorf("%s: cannot put the keys of a %s:// backend under --prefix (compare knows redis, rediss, redlock, redlocks, etcd, etcds, zk, zks and mem)", u.Redacted(), u.Scheme)
 	}
 	return &r, nil
 }

@@ -257,8 +257,10 @@ func TestCompareUnderPrefix(t *testing.T) {
 	for in, want := range map[string]string{
 		"redis://:pw@h:6379/2?ttl=5s&prefix=app:": "redis://:pw@h:6379/2?prefix=p%3A&ttl=5s",
 		"redlock://a:1,b:2,c:3":                   "redlock://a:1,b:2,c:3?prefix=p%3A",
+		"redlocks://a:1,b:2,c:3?ca=ca.pem":        "redlocks://a:1,b:2,c:3?ca=ca.pem&prefix=p%3A",
 		"etcd://h:2379/locks?ttl=15s":             "etcd://h:2379/p?ttl=15s",
 		"zk://h:2181":                             "zk://h:2181/p",
+		"zks://h:2281/locks?ca=ca.pem":            "zks://h:2281/p?ca=ca.pem",
 		"mem://x":                                 "mem://x",
 	} {
 		u, err := url.Parse(in)

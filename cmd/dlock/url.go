@@ -13,8 +13,8 @@ import (
 	_ "github.com/dlock-go/dlock/etcd"      // etcd://, etcds://
 	_ "github.com/dlock-go/dlock/memory"    // mem://
 	_ "github.com/dlock-go/dlock/redis"     // redis://, rediss://
-	_ "github.com/dlock-go/dlock/redlock"   // redlock://
-	_ "github.com/dlock-go/dlock/zookeeper" // zk://
+	_ "github.com/dlock-go/dlock/redlock"   // redlock://, redlocks://
+	_ "github.com/dlock-go/dlock/zookeeper" // zk://, zks://
 )
 
 // openTimeout bounds openLocker when its context has no deadline: with no
@@ -69,7 +69,8 @@ opened for that purpose: a backend that cannot serve it is refused.`
 //
 // Both rawURL and purpose, an unknown purpose, or no URL at all is a
 // usageError (isUsage). Every backend package is imported, so every scheme
-// dlock knows is served: etcd, etcds, redis, rediss, redlock, zk, mem (mem://
+// dlock knows is served: etcd, etcds, redis, rediss, redlock, redlocks,
+// zk, zks, mem (mem://
 // is in-process: it excludes nothing between two dlock processes). If ctx has
 // no deadline, the open is bounded by openTimeout. Errors name the URL
 // without its password.
