@@ -373,7 +373,9 @@ func (t *tally) add(a answer, done nodeState) bool {
 // was ours on a majority; ErrNotHeld when a majority says it was not (the
 // lease had been lost, whatever a minority still held: it is deleted too).
 // The deletes still on their way finish in the background (bounded; Close
-// waits for them).
+// waits for them). A node that deleted the lock but could not publish the
+// release (the user may not publish to its channel there) counts as
+// released; the Driver logs a warning (warnUnannounced).
 func (l *lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	l.released = true
@@ -395,7 +397,15 @@ func (l *lease) Release(ctx context.Context) error {
 	// The release goes on when the caller's ctx has ended; the wait is
 	// bounded by the per-node timeout.
 	ctx = context.WithoutCancel(ctx)
-	cut := rd.wait(ctx, timeout, func(a answer) bool { return t.add(a, stateNone) })
+	cut := rd.wait(ctx, timeout, func(a answer) bool {
+		if a.err == nil && a.n == redisscript.ReleasedUnannounced {
+			// Deleted, but its release not published: released all
+			// the same.
+			l.d.warnUnannounced(a.node, l.keys[0])
+			a.n = 1
+		}
+		return t.add(a, stateNone)
+	})
 	rd.leave(func(a answer) {
 		if a.err == nil {
 			l.set(a.node, stateNone)

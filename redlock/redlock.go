@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -48,8 +49,9 @@ type Options struct {
 	NodeTimeout time.Duration
 	// Locker configures the Locker that [New] returns. Nil means defaults.
 	// Its Logger also receives the backend's warnings (a node that could
-	// not be given the scripts at start; default slog.Default()): the one
-	// field NewDriver reads.
+	// not be given the scripts or checked at start, a release that could
+	// not be published; default slog.Default()): the one field NewDriver
+	// reads.
 	Locker *dlock.Options
 }
 
@@ -69,6 +71,10 @@ type Driver struct {
 	hubs        []*redishub.Hub // release channels, one pub/sub connection per node (watch.go)
 	watchBG     bg.Group        // the goroutines of Watch; Close waits for them, within a bound
 
+	// unannounced is when a release that could not be published was
+	// last logged (UnixNano; 0: never), see warnUnannounced.
+	unannounced atomic.Int64
+
 	// afterGrant, if set (tests only, export_test.go), is called by
 	// TryAcquire once a majority has granted, before the grant's validity
 	// is computed: a test pauses there, as a GC or a stopped process
@@ -87,7 +93,8 @@ var (
 // (an odd number, at least 3), configured by opts.Locker (whose Logger the
 // backend logs to as well). The clients stay the caller's: closing the
 // Locker leaves them open. Errors wrap [backend.ErrInvalidConfig] (bad
-// options, opts.Locker included, before any I/O), except when ctx ends
+// options, opts.Locker included, before any I/O; a node whose user lacks a
+// right the backend needs, see [NewDriver]), except when ctx ends
 // while New resolves the nodes' host names (the same-server check): that
 // error wraps [backend.ErrUnavailable] and ctx.Err().
 func New(ctx context.Context, nodes []goredis.UniversalClient, opts *Options) (*dlock.Locker, error) {
@@ -99,7 +106,13 @@ func New(ctx context.Context, nodes []goredis.UniversalClient, opts *Options) (*
 }
 
 // NewDriver is [New] without the Locker. It loads the scripts on the nodes
-// that answer; a node that is down now gets them when it is first used.
+// that answer, and checks there that the client's user has every right
+// the backend needs (see the package documentation, Permissions): a node
+// whose user lacks one fails NewDriver with an error wrapping
+// [backend.ErrInvalidConfig] that names the node, the right and the ACL
+// SETUSER rule that grants it. A node that is down now, or does not answer
+// within 4 × NodeTimeout, gets the scripts when it is first used, and is
+// not checked.
 func NewDriver(ctx context.Context, nodes []goredis.UniversalClient, opts *Options) (*Driver, error) {
 	var o Options
 	if opts != nil {
@@ -169,42 +182,115 @@ func NewDriver(ctx context.Context, nodes []goredis.UniversalClient, opts *Optio
 	for i, c := range d.nodes {
 		d.disp = append(d.disp, newDispatcher(i, c))
 	}
-	d.loadScripts(ctx, d.nodeTimeout*4)
+	if err := d.loadScripts(ctx, d.nodeTimeout*4); err != nil {
+		_ = d.Close()
+		return nil, err
+	}
 	return d, nil
 }
 
-// loadScripts loads the scripts on every node in parallel, waiting at most
-// timeout; a node that has not got them by then gets them on first use
-// (EVALSHA falls back to EVAL).
-func (d *Driver) loadScripts(ctx context.Context, timeout time.Duration) {
+// loadScripts loads the scripts on every node in parallel and checks the
+// user's rights there (checkNode), waiting at most timeout; a node that has
+// not got them by then gets them on first use (EVALSHA falls back to
+// EVAL), unchecked. It returns an error wrapping backend.ErrInvalidConfig
+// naming every node that answered with a refusal.
+func (d *Driver) loadScripts(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	done := make(chan struct{}, len(d.nodes))
+	type result struct {
+		node    int
+		refused []redisscript.Refusal
+	}
+	done := make(chan result, len(d.nodes))
 	for i, c := range d.nodes {
 		d.bg.Go(func() { // Close waits for loads still on their way
-			for _, s := range redisscript.All {
-				if err := s.Load(ctx, c).Err(); err != nil {
-					// A node that refused or failed is worth a warning;
-					// one only slower than the wait (or a caller gone) is not.
-					level := slog.LevelWarn
-					if ctx.Err() != nil {
-						level = slog.LevelDebug
-					}
-					d.log.Log(context.Background(), level, "dlock/redlock: a node did not take the scripts at start; it gets them on first use",
-						"node", i, "error", err)
-					break
+			refused, err := d.checkNode(ctx, i, c)
+			if err != nil {
+				// A node that failed is worth a warning; one only
+				// slower than the wait (or a caller gone) is not.
+				level := slog.LevelWarn
+				if ctx.Err() != nil {
+					level = slog.LevelDebug
 				}
+				d.log.Log(context.Background(), level, "dlock/redlock: a node did not take the scripts, or could not be checked, at start; it gets them on first use",
+					"node", i, "error", err)
 			}
-			done <- struct{}{}
+			done <- result{i, refused}
 		})
 	}
+	var errs []error
 	for range d.nodes {
 		select {
-		case <-done:
+		case r := <-done:
+			if len(r.refused) > 0 {
+				errs = append(errs, redisscript.RightsError("redlock", d.nodeName(r.node), redisscript.User(d.nodes[r.node]), d.prefix, r.refused))
+			}
 		case <-ctx.Done():
-			return
+			return errors.Join(errs...)
 		}
 	}
+	return errors.Join(errs...)
+}
+
+// checkNode loads the scripts on node i (client c) and then checks that
+// the user has every right the backend needs there: on a probe lock key
+// under the prefix, which no lock uses, the scripts'
+// commands, EVALSHA and EVAL, PUBLISH on its release channel (one more
+// round trip, redisscript.CheckRights), and, in parallel, SUBSCRIBE and
+// UNSUBSCRIBE of that channel on a pub/sub connection of its own (the
+// node's hub's CheckSubscribe). It returns the refusals, and err for a
+// failure that is not one (the network, an error reply that is not a
+// refusal).
+func (d *Driver) checkNode(ctx context.Context, i int, c goredis.UniversalClient) (refused []redisscript.Refusal, err error) {
+	lk := d.keys("probe:" + newValue()[:16])[0]
+	channel := lk + redisscript.ReleaseSuffix
+	var (
+		subErr error
+		wg     sync.WaitGroup
+	)
+	wg.Go(func() { subErr = d.hubs[i].CheckSubscribe(ctx, channel) })
+	defer func() {
+		wg.Wait()
+		if r, ok := redisscript.AsRefusal("subscribe", channel, subErr); ok {
+			refused = append(refused, r)
+		} else if err == nil {
+			err = subErr
+		}
+	}()
+	// One by one, not in a pipeline: go-redis's Script.Load sets the
+	// Script's hash from the reply at once, "" from a queued command.
+	for _, s := range redisscript.All {
+		if e := s.Load(ctx, c).Err(); e != nil {
+			if r, ok := redisscript.AsRefusal("script|load", "", e); ok {
+				refused = append(refused, r)
+				break
+			}
+			return refused, e
+		}
+	}
+	more, err := redisscript.CheckRights(ctx, c, lk)
+	return append(refused, more...), err
+}
+
+// nodeName is " on node i (addr)", for errors after a user's name.
+func (d *Driver) nodeName(i int) string {
+	if c, ok := d.nodes[i].(*goredis.Client); ok {
+		return fmt.Sprintf(" on node %d (%s)", i, c.Options().Addr)
+	}
+	return fmt.Sprintf(" on node %d", i)
+}
+
+// warnUnannounced logs, at most once a minute, that node deleted a lock
+// but could not publish its release.
+func (d *Driver) warnUnannounced(node int, lockKey string) {
+	now := time.Now().UnixNano()
+	last := d.unannounced.Load()
+	if last != 0 && now-last < int64(time.Minute) || !d.unannounced.CompareAndSwap(last, now) {
+		return
+	}
+	d.log.Warn("dlock/redlock: a node deleted a lock, but could not publish the release to wake its waiters "+
+		"(may the user publish to the channel there? ACL SETUSER <user> &"+d.prefix+"*); they find it free when they next poll "+
+		"(logged at most once a minute)", "node", node, "key", lockKey, "channel", lockKey+redisscript.ReleaseSuffix)
 }
 
 // DriftFactor reports the drift factor, so that the Locker's deadlines

@@ -31,7 +31,10 @@ func (d *Driver) watchTimeout() time.Duration { return max(4*d.nodeTimeout, minW
 // waiter's attempt found the lock held. A node that fails or misses the
 // attempt can cost the wake-up; the Locker's fallback poll (RetryMax) then
 // ends the wait. Watch fails with ErrUnavailable when no majority confirms
-// within 4 × NodeTimeout (at least 500ms).
+// within 4 × NodeTimeout (at least 500ms); a node that refuses the
+// SUBSCRIBE (its user may not use the channel, NOPERM) counts as failed,
+// with the server's reply, as soon as a check has read it (see the
+// package documentation, Permissions).
 func (d *Driver) Watch(ctx context.Context, key string) (<-chan struct{}, func(), error) {
 	channel := d.keys(key)[0] + redisscript.ReleaseSuffix
 	w := &watch{d: d, wake: make(chan struct{}, 1), quit: make(chan struct{})}
