@@ -24,7 +24,10 @@ func (h *hub) init(d *Driver) {
 // notification of key (and, spuriously, after a pub/sub reconnect); it is
 // closed when the Driver is closed. All watchers of a Driver share one
 // pub/sub connection; a key's channel is unsubscribed when its last watcher
-// stops.
+// stops. A SUBSCRIBE the server refuses (the user may not use the channel,
+// NOPERM) fails Watch with an error wrapping [backend.ErrUnavailable] and
+// the server's reply, a quarter of a second or so after it was sent (see
+// the package documentation, Permissions); the Locker then polls.
 func (d *Driver) Watch(ctx context.Context, key string) (wake <-chan struct{}, stop func(), err error) {
 	return d.hub.h.Watch(ctx, d.lockKey(key)+releaseSuffix)
 }
