@@ -7,8 +7,9 @@ import (
 )
 
 // ZooKeeperEnsemble is a ZooKeeper ensemble (version 3.8 by default) whose
-// servers run in containers of their own, without authentication: a single
-// standalone server, or several servers that replicate each other.
+// servers run in containers of their own, without authentication and
+// without TLS unless started by [StartZooKeeperTLS]: a single standalone
+// server, or several servers that replicate each other.
 //
 // Servers tick every 200ms, and accept session timeouts from 400ms to 2
 // minutes; container nodes are supported, and all four-letter words
@@ -24,6 +25,10 @@ type ZooKeeperEnsemble struct {
 	// standalone server has none). Server.Addr of a member is its client
 	// address.
 	Members []*Server
+
+	// CAPEM is the PEM certificate of the CA that issued the servers'
+	// certificate, for an ensemble from [StartZooKeeperTLS]; nil otherwise.
+	CAPEM []byte
 
 	g *group
 }
@@ -52,7 +57,7 @@ func (e *ZooKeeperEnsemble) Terminate(ctx context.Context) error {
 }
 
 func newZooKeeperEnsemble(g *group) *ZooKeeperEnsemble {
-	return &ZooKeeperEnsemble{Members: g.servers, g: g}
+	return &ZooKeeperEnsemble{Members: g.servers, CAPEM: g.caPEM, g: g}
 }
 
 // StartZooKeeper starts a ZooKeeper ensemble of n servers (n = 1: a
@@ -61,6 +66,20 @@ func newZooKeeperEnsemble(g *group) *ZooKeeperEnsemble {
 // Terminate it; [Main] removes any left over.
 func StartZooKeeper(ctx context.Context, n int) (*ZooKeeperEnsemble, error) {
 	g, err := startCluster(ctx, "zookeeper", n)
+	if err != nil {
+		return nil, err
+	}
+	return newZooKeeperEnsemble(g), nil
+}
+
+// StartZooKeeperTLS starts a ZooKeeper ensemble as [StartZooKeeper] does,
+// serving clients over TLS only (the client address is a
+// secureClientPort; servers talk to each other in plain TCP). The server
+// certificate, for 127.0.0.1 and localhost, is issued by a CA made for
+// this ensemble; its certificate is the ensemble's CAPEM, for the clients
+// to trust. No client certificate is asked for.
+func StartZooKeeperTLS(ctx context.Context, n int) (*ZooKeeperEnsemble, error) {
+	g, err := startCluster(ctx, "zookeeper-tls", n)
 	if err != nil {
 		return nil, err
 	}
@@ -78,4 +97,11 @@ func StartZooKeeper(ctx context.Context, n int) (*ZooKeeperEnsemble, error) {
 func ZooKeeper(tb testing.TB, n int) *ZooKeeperEnsemble {
 	tb.Helper()
 	return sharedCluster(tb, "zookeeper", n, newZooKeeperEnsemble)
+}
+
+// ZooKeeperTLS is [ZooKeeper] for an ensemble from [StartZooKeeperTLS]:
+// the test package's shared one of exactly n servers serving TLS only.
+func ZooKeeperTLS(tb testing.TB, n int) *ZooKeeperEnsemble {
+	tb.Helper()
+	return sharedCluster(tb, "zookeeper-tls", n, newZooKeeperEnsemble)
 }

@@ -70,7 +70,7 @@ type response struct {
 	ID      uint64       `json:"id"`
 	Servers []serverInfo `json:"servers,omitempty"` // "new"
 	Group   string       `json:"group,omitempty"`   // "new" of a cluster kind
-	CAPEM   []byte       `json:"ca_pem,omitempty"`  // "new" of kind etcd-tls or redis-tls
+	CAPEM   []byte       `json:"ca_pem,omitempty"`  // "new" of kind etcd-tls or zookeeper-tls or redis-tls
 	Addr    string       `json:"addr,omitempty"`    // "start": the address now
 	Error   *wireError   `json:"error,omitempty"`
 }
@@ -295,7 +295,8 @@ func (d *daemon) serve(ctx context.Context, req request) response {
 // newServers starts the servers a "new" request asks for. Kinds: "redis"
 // (StartRedisWithArgs), "redis-faketime", "redis-tls", "redis-cluster" (one server),
 // "redis-sentinel" (primary, replica, sentinel), "postgres", and the
-// cluster kinds "etcd", "etcd-tls", "zookeeper" (one cluster of N).
+// cluster kinds "etcd", "etcd-tls", "zookeeper", "zookeeper-tls" (one
+// cluster of N).
 func (d *daemon) newServers(ctx context.Context, req request, resp *response) error {
 	var ss []*Server
 	var err error
@@ -330,12 +331,17 @@ func (d *daemon) newServers(ctx context.Context, req request, resp *response) er
 		d.addGroup(c.g, resp)
 		resp.CAPEM = c.CAPEM
 		return nil
-	case "zookeeper":
-		e, err := StartZooKeeper(ctx, req.N)
+	case "zookeeper", "zookeeper-tls":
+		start := StartZooKeeper
+		if req.Kind == "zookeeper-tls" {
+			start = StartZooKeeperTLS
+		}
+		e, err := start(ctx, req.N)
 		if err != nil {
 			return err
 		}
 		d.addGroup(e.g, resp)
+		resp.CAPEM = e.CAPEM
 		return nil
 	default:
 		return fmt.Errorf("servers: unknown kind %q", req.Kind)

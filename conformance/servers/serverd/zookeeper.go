@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"strconv"
 	"strings"
@@ -26,9 +28,14 @@ printf '%s' "$1" >"$0/zoo.cfg"
 if [ -n "$2" ]; then printf '%s\n' "$2" >"$0/data/myid"; fi
 exec zkServer.sh start-foreground "$0/zoo.cfg"`
 
-// zookeeperConfig returns the zoo.cfg of member i of p.
-func zookeeperConfig(p *plan, i int) string {
+// zookeeperConfig returns the zoo.cfg of member i of p; with tls, its
+// client port is a secureClientPort (StartZooKeeperTLS).
+func zookeeperConfig(p *plan, i int, tls bool) string {
 	m := p.members[i]
+	client := []string{
+		"clientPort=" + strconv.Itoa(m.ports[0]),
+		"clientPortAddress=" + m.bind,
+	}
 	lines := []string{
 		// Fast ticks: the lock backend's tests use short sessions. Sessions
 		// may last from 2 ticks up to 2 minutes (the conformance suite asks
@@ -40,14 +47,27 @@ func zookeeperConfig(p *plan, i int) string {
 		"minSessionTimeout=400",
 		"maxSessionTimeout=120000",
 		"dataDir=" + zookeeperDir + "/data",
-		"clientPort=" + strconv.Itoa(m.ports[0]),
-		"clientPortAddress=" + m.bind,
 		"admin.enableServer=false",
 		"4lw.commands.whitelist=*",
 		// Container nodes (CreateContainer) need nothing: ZooKeeper 3.5.3
 		// and later support them by default. TTL nodes
 		// (extendedTypesEnabled) are not used.
 	}
+	if tls {
+		// TLS only (StartZooKeeperTLS): Netty serves the secure port,
+		// with PEM stores (ZooKeeper 3.8); no client certificate asked.
+		client = []string{
+			"secureClientPort=" + strconv.Itoa(m.ports[0]),
+			"secureClientPortAddress=" + m.bind,
+			"serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+			"ssl.keyStore.location=" + zookeeperKeyStore,
+			"ssl.keyStore.type=PEM",
+			"ssl.trustStore.location=" + zookeeperTrustStore,
+			"ssl.trustStore.type=PEM",
+			"ssl.clientAuth=none",
+		}
+	}
+	lines = append(lines, client...)
 	if len(p.members) == 1 {
 		lines = append(lines, "standaloneEnabled=true")
 	} else {
@@ -61,6 +81,19 @@ func zookeeperConfig(p *plan, i int) string {
 		}
 	}
 	return strings.Join(lines, "\n") + "\n"
+}
+
+// zookeeperCmd is the command of member i of p (see zookeeperConfig).
+func zookeeperCmd(p *plan, i int, tls bool) []string {
+	myid := ""
+	if len(p.members) > 1 {
+		myid = strconv.Itoa(i + 1)
+	}
+	script := zookeeperScript
+	if tls {
+		script = zookeeperNettyJars + script
+	}
+	return []string{"sh", "-c", script, zookeeperDir, zookeeperConfig(p, i, tls), myid}
 }
 
 // zookeeperKind: a ZooKeeper server, standalone (a group of one) or a member
@@ -78,13 +111,7 @@ var zookeeperKind = &kind{
 	defaultImage: "zookeeper:3.8",
 	ports:        []int{2181, 2888, 3888}, // client, quorum, leader election
 	cluster:      true,
-	cmd: func(p *plan, i int) []string {
-		myid := ""
-		if len(p.members) > 1 {
-			myid = strconv.Itoa(i + 1)
-		}
-		return []string{"sh", "-c", zookeeperScript, zookeeperDir, zookeeperConfig(p, i), myid}
-	},
+	cmd:          func(p *plan, i int) []string { return zookeeperCmd(p, i, false) },
 	readyLog: func(p *plan, _ int) string {
 		if len(p.members) == 1 {
 			// A standalone server logs this when it creates its
@@ -97,6 +124,59 @@ var zookeeperKind = &kind{
 		// least once per start, and again after every new election.
 		return `Peer state changed: (leading|following) - broadcast`
 	},
+}
+
+// The PEM key store (the server's PKCS#8 key, then its certificate) and
+// trust store (the CA) of a ZooKeeper from StartZooKeeperTLS.
+const (
+	zookeeperKeyStore   = "/etc/dlock-zookeeper-keystore.pem"
+	zookeeperTrustStore = "/etc/dlock-zookeeper-ca.pem"
+)
+
+// zookeeperNettyJars puts on the Debian stand-in's class path the Netty
+// jars its NettyServerCnxnFactory needs and zookeeper.jar's manifest leaves
+// out (netty-codec and what it needs): zkServer.sh puts SERVER_JVMFLAGS
+// after its own -cp, so this -cp wins. The official image has every jar in
+// its lib directory already.
+const zookeeperNettyJars = `if [ -f /usr/share/java/zookeeper.jar ] && [ -f /usr/share/java/netty-codec.jar ]; then
+  export SERVER_JVMFLAGS="-cp /etc/zookeeper/conf:/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar:/usr/share/java/netty-codec.jar:/usr/share/java/netty-resolver.jar:/usr/share/java/netty-transport-native-unix-common.jar $SERVER_JVMFLAGS"
+fi
+`
+
+// StartZooKeeperTLS starts a ZooKeeper ensemble as [StartZooKeeper] does,
+// serving clients over TLS only (its client port is a secureClientPort;
+// servers talk to each other in plain TCP). The server certificate, for
+// 127.0.0.1 and localhost, is issued by a CA made for this ensemble; its
+// certificate is the ensemble's CAPEM, for the clients to trust.
+func StartZooKeeperTLS(ctx context.Context, n int) (*ZooKeeperEnsemble, error) {
+	ca, cert, key, err := newTLSCert()
+	if err != nil {
+		return nil, err
+	}
+	// ZooKeeper's PEM reader takes PKCS#8 keys only.
+	b, _ := pem.Decode(key)
+	if b == nil {
+		return nil, fmt.Errorf("servers: the test key is not PEM")
+	}
+	k, err := x509.ParseECPrivateKey(b.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("servers: the test key: %w", err)
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(k)
+	if err != nil {
+		return nil, fmt.Errorf("servers: the test key: %w", err)
+	}
+	store := append(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), cert...)
+	kind := *zookeeperKind
+	kind.files = map[string][]byte{zookeeperKeyStore: store, zookeeperTrustStore: ca}
+	kind.cmd = func(p *plan, i int) []string { return zookeeperCmd(p, i, true) }
+	g, err := startCluster(ctx, &kind, n)
+	if err != nil {
+		return nil, err
+	}
+	e := newZooKeeperEnsemble(g)
+	e.CAPEM = ca
+	return e, nil
 }
 
 // ZooKeeperEnsemble is a ZooKeeper ensemble (version 3.8 by default) whose
@@ -117,6 +197,10 @@ type ZooKeeperEnsemble struct {
 	// standalone server has none). Server.Addr of a member is its client
 	// address.
 	Members []*Server
+
+	// CAPEM is the PEM certificate of the CA that issued the servers'
+	// certificate, for an ensemble from [StartZooKeeperTLS]; nil otherwise.
+	CAPEM []byte
 
 	g *group
 }
