@@ -45,7 +45,7 @@ var badURLs = []urltest.Case{
 	{URL: "zk://ADDR?tick_time=10000h", Want: dlock.ErrInvalidConfig, Text: `tick_time="10000h"`},
 	{URL: "zk://ADDR?tick_time=2", Want: dlock.ErrInvalidConfig, Text: `tick_time="2"`},
 	{URL: "zk://ADDR?tick_time=", Want: dlock.ErrInvalidConfig, Text: "tick_time"},
-	{URL: "zk://ADDR?bogus=1", Want: dlock.ErrInvalidConfig, Text: `unknown parameter "bogus" (known: dial_timeout, session_timeout, tick_time, ttl)`},
+	{URL: "zk://ADDR?bogus=1", Want: dlock.ErrInvalidConfig, Text: `unknown parameter "bogus" (known: acl, ca, cert, dial_timeout, key, server_name, session_timeout, tick_time, ttl)`},
 }
 
 func TestOpenBadURLs(t *testing.T) { urltest.Rejected(t, badURLs) }

@@ -221,21 +221,71 @@
 // FIFO; safety does not rest on clocks beyond the local monotonic clock's
 // rate, which Deadline needs on every backend.
 //
+// # Security
+//
+// ZooKeeper checks the right to create or delete a node on its parent: what
+// keeps other clients from deleting a holder's lock node (and so taking
+// its lock) is the ACL of the key directory, and what keeps them from
+// creating, deleting idle key directories or taking the prefix over with
+// SetACL (which fails every acquire) is the prefix's. The ACL of every
+// node dlock creates (the prefix and its missing ancestors, key
+// directories, lock nodes) is:
+//
+//   - Options.ACL (URL parameter acl) if set. To let several identities
+//     share locks, list each with at least read, create and delete
+//     (read: a waiter watches its predecessor's node), and give every
+//     Locker the same ACL; a digest id is "user:<base64 of SHA-1 of
+//     user:password>", what zk.DigestACL computes.
+//   - Without it, with credentials (Options.Auth, user:password in the
+//     URL): zk.AuthACL(zk.PermAll), every right to that identity and none
+//     to anyone else. Lockers sharing the identity share the locks; a
+//     client without it cannot read, create, delete or SetACL them
+//     (zk.ErrNoAuth).
+//   - Without either: zk.WorldACL(zk.PermAll), ZooKeeper's own default:
+//     any client that reaches the ensemble can delete a lock node and take
+//     the lock. Use it on trusted networks only.
+//
+// Nodes that exist already keep their ACL: a prefix made before, by
+// someone else or without credentials, may stay open to all. At open, a
+// Locker with credentials or an ACL reads the prefix's ACL and logs a
+// warning (dlock.Options.Logger) if world:anyone may create, delete or
+// change its ACL; fix it with setAcl or use another prefix. The prefix's
+// own parent (the root, by default) is not dlock's: whoever may delete
+// children there can delete the prefix while no lock is held. Without
+// credentials or an ACL, a Locker warns once at open only if a server is
+// off the loopback network: on a developer's local server that default is
+// expected, and a warning on every open would be noise.
+//
+// Digest credentials travel in plaintext unless the connection uses TLS:
+// the zks scheme (ZooKeeper's secureClientPort, served by its
+// NettyServerCnxnFactory) with parameters ca, cert, key and server_name,
+// or Options.TLS. A Locker logs a warning at open when it sends a password
+// without TLS to a server off the loopback network, and when its TLS
+// configuration skips verifying the servers (InsecureSkipVerify, Go only).
+//
 // # URL
 //
 //	zk://[user:password@]host1:2181,host2:2181[/prefix]?session_timeout=30s&ttl=15s
+//	zks://user:password@host1:2281/locks?ca=ca.pem&acl=digest:alice:<digest>:cdrwa,digest:bob:<digest>:rcd
 //
 // The path is the prefix znode (default /dlock), created if missing: no
 // empty, "." or ".." element, no NUL or other character ZooKeeper refuses,
 // not under /zookeeper. Every server needs a host and a port from 1 to
 // 65535 (default 2181). user:password turns on digest authentication: nodes
-// are then created with an ACL for that identity only. Parameters: ttl
+// are then created with an ACL for that identity only (see "Security").
+// zks connects with TLS. Parameters: ttl
 // (every backend), session_timeout (default 40s; from 1ms to 2^31-1 ms,
 // what go-zookeeper can send), tick_time (the servers' tickTime, default
 // 2s, from 1ms to 2^31-1 ms; see "How long the session lives") and
 // dial_timeout (default 5s): the bound on Open's wait for a session; when it runs out the client
 // is closed (no reconnect loop left) and the error carries the last dial
-// error. Bad values and unknown parameters are errors wrapping
+// error. acl: Options.ACL, entries scheme:id:perms separated by commas
+// as zkCli writes them (perms among cdrwa; a '+' of a digest written
+// %2B; ids holding a comma, such as x509 names, only through
+// Options.ACL). For zks only: ca (a PEM file of the CAs to trust, default
+// the system's), cert and key (a client certificate and its key, PEM
+// files, both or neither), server_name (the name to verify, default the
+// host dialled). Bad values and unknown parameters are errors wrapping
 // [backend.ErrInvalidConfig], before any I/O.
 //
 // # Connection

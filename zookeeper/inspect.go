@@ -18,7 +18,8 @@ var _ backend.Inspector = (*Driver)(nil)
 // TryAcquire that found the lock held counts for the moment its node
 // exists). TTL is 0 (unknown): a lock node lives as long as its holder's
 // session, and the lease's TTL is kept by the holder's own process. It
-// writes nothing.
+// writes nothing, and reads no node's data: a listing of names and one
+// Stat, so data planted in a node costs it nothing.
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
 	parent := d.parent(key)
 	for {
