@@ -42,8 +42,9 @@
 // shared servers. A test that changes a server's state (Stop, Kill, Pause)
 // should start its own servers with [StartRedis], [StartEtcd],
 // [StartZooKeeper] or [StartPostgres] instead, and Terminate them.
-// [StartEtcdTLS] starts etcd serving clients over TLS, with a CA made for
-// the cluster; [StartRedisCluster] a cluster-mode Redis owning every hash
+// [StartEtcdTLS], [StartRedisTLS] and [StartZooKeeperTLS] start servers
+// that serve clients over TLS only, under a certificate from a CA made for
+// them (returned as PEM, for the clients to trust); [StartRedisCluster] a cluster-mode Redis owning every hash
 // slot; [StartRedisSentinel] a Redis primary, replica and Sentinel;
 // [StartRedisWithArgs] Redis servers with extra arguments (persistence);
 // [StartRedisFaketime] Redis servers under libfaketime, whose wall clock
