@@ -109,7 +109,7 @@ func (c Config) Open(ctx context.Context, p Purpose) (*Locker, error) {
 		mux = DefaultURLMux()
 	}
 	u, err := url.Parse(raw)
-	if err != nil {
+	if err != nil || atAfterHost(u, raw) {
 		return mux.OpenLocker(ctx, raw) // which reports the bad URL without its password
 	}
 	q, err := url.ParseQuery(u.RawQuery)

@@ -103,10 +103,36 @@ func (m *URLMux) OpenLocker(ctx context.Context, rawURL string) (*Locker, error)
 		return nil, opErr("open", "", fmt.Errorf("%w: %s that does not parse (%s); its text is not shown, as it may hold a password",
 			ErrInvalidConfig, urlScheme(rawURL), urlProblem(err)))
 	}
+	if atAfterHost(u, rawURL) {
+		// It parsed, but not as meant: "redis://app:2024/S3cret@host"
+		// has host "app:2024" and the password in its path, which the
+		// errors of the backend (and url.URL.Redacted) would show.
+		return nil, opErr("open", "", fmt.Errorf("%w: %s with an '@' after its host and no user: a '/', '?' or '#' in a password must be %%-escaped "+
+			"(an '@' elsewhere as %%40); its text is not shown, as it may hold a password", ErrInvalidConfig, urlScheme(rawURL)))
+	}
 	return m.OpenLockerURL(ctx, u)
 }
 
-// urlScheme names the scheme of rawURL, a URL that does not parse, without
+// atAfterHost reports whether rawURL, parsed as u, has no user information
+// but an '@' after its host (in its path, query or fragment): most likely
+// a password holding a '/', '?' or '#' that was not %-escaped, which
+// url.Parse takes for the end of the host (url.URL.Redacted would show
+// it). cmd/dlock and cmd/dlock-demo have a copy, to print such a URL by
+// its scheme only.
+func atAfterHost(u *url.URL, rawURL string) bool {
+	if u.User != nil {
+		return false
+	}
+	_, rest, ok := strings.Cut(rawURL, "://")
+	if !ok {
+		return false
+	}
+	i := strings.IndexAny(rest, "/?#")
+	return i >= 0 && strings.Contains(rest[i:], "@")
+}
+
+// urlScheme names the scheme of rawURL, a URL that does not parse (or
+// that atAfterHost refuses), without
 // the rest of its text: `a "redis" URL`, or "a URL without a valid scheme"
 // if it does not begin with one (RFC 3986: a letter, then letters, digits,
 // '+', '-' or '.') followed by "://".

@@ -384,3 +384,37 @@ func TestOpenBadURLHidesPassword(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenAtAfterHostHidesPassword: a URL that parses, but with no user
+// and an '@' after its host, is a password holding an unescaped '/', '?'
+// or '#' ("redis://app:2024/S3cret@host": host "app:2024", the password in
+// the path). Open refuses it (ErrInvalidConfig) before any I/O without
+// showing its text; an '@' written %40 is fine.
+func TestOpenAtAfterHostHidesPassword(t *testing.T) {
+	for _, raw := range []string{
+		"redis://app:2024/S3cret@localhost:6379",
+		"etcd://app:2024#S3cret@localhost:2379",
+		"zk://app:2024?S3cret@localhost:2181",
+		"mem://x/y?z=S3cret@",
+	} {
+		if u, err := url.Parse(raw); err != nil || u.User != nil {
+			t.Fatalf("url.Parse(%q) = %v, %v: not a URL that parses without a user", raw, u, err)
+		}
+		_, err := dlock.Open(t.Context(), raw)
+		_, cerr := dlock.Config{Efficiency: raw}.Open(t.Context(), dlock.Efficiency)
+		for _, err := range []error{err, cerr} {
+			if !errors.Is(err, dlock.ErrInvalidConfig) {
+				t.Errorf("Open(%q): %v, want ErrInvalidConfig", raw, err)
+				continue
+			}
+			if msg := err.Error(); strings.Contains(msg, "S3cret") || !strings.Contains(msg, "escaped") {
+				t.Errorf("Open(%q): error %q shows the password or does not say to escape it", raw, msg)
+			}
+		}
+	}
+	l, err := dlock.Open(t.Context(), "mem://x#a%40b")
+	if err != nil {
+		t.Fatalf("Open of a URL with %%40 in its fragment: %v", err)
+	}
+	_ = l.Close()
+}

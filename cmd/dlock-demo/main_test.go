@@ -122,6 +122,7 @@ func TestDemoBadURLHidesPassword(t *testing.T) {
 	for _, tc := range []struct{ raw, secret string }{
 		{"redis://app:p%zzSECRET@localhost:6379", "SECRET"},
 		{"redis://app:S3cr/et@localhost:6379", "S3cr"},
+		{"redis://localhost:2024/S3cret@127.0.0.1:6379", "S3cret"}, // parses: the password is the path
 	} {
 		out, errOut, err := demo(t, bin, tc.raw)
 		var exit *exec.ExitError

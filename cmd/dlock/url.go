@@ -136,7 +136,7 @@ func openErr(ctx context.Context, rawURL string, err error) error {
 func redacted(rawURL string) string {
 	u, err := url.Parse(rawURL)
 	switch {
-	case err != nil:
+	case err != nil || atAfterHost(u, rawURL):
 		if scheme, _, ok := strings.Cut(rawURL, "://"); ok && validScheme(scheme) {
 			return scheme + "://…"
 		}
@@ -157,4 +157,21 @@ func validScheme(s string) bool {
 		}
 	}
 	return s != ""
+}
+
+// atAfterHost reports whether rawURL, parsed as u, has no user information
+// but an '@' after its host (in its path, query or fragment): most likely
+// a password holding a '/', '?' or '#' that was not %-escaped, which
+// url.Parse takes for the end of the host, and which u.Redacted would
+// show. (A copy of the dlock package's, which refuses such URLs.)
+func atAfterHost(u *url.URL, rawURL string) bool {
+	if u.User != nil {
+		return false
+	}
+	_, rest, ok := strings.Cut(rawURL, "://")
+	if !ok {
+		return false
+	}
+	i := strings.IndexAny(rest, "/?#")
+	return i >= 0 && strings.Contains(rest[i:], "@")
 }

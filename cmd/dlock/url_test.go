@@ -14,6 +14,10 @@ import (
 var badURLs = []struct{ raw, secret, scheme string }{
 	{"redis://app:p%zzSECRET@localhost:6379", "SECRET", "redis"},
 	{"etcd://app:S3cr/et@localhost:2379", "S3cr", "etcd"},
+	// These parse, but not as meant: the host is "app:2024" (or
+	// "localhost:2024") and the password is in the path or the fragment.
+	{"redis://localhost:2024/S3cret@127.0.0.1:6379", "S3cret", "redis"},
+	{"etcd://localhost:2024#S3cret@127.0.0.1:2379", "S3cret", "etcd"},
 }
 
 // TestRedacted: a URL that parses loses its password; one that does not
@@ -28,6 +32,10 @@ func TestRedacted(t *testing.T) {
 		{"1redis://app:S3cr/et@localhost", "<a URL that does not parse>"},
 		{"re dis://app:S3cr/et@localhost", "<a URL that does not parse>"},
 		{"redis://app:S3cret\x1b[2J@h", "redis://…"},
+		{"redis://app:2024/S3cret@h:6379", "redis://…"},
+		{"zk://app:2024?S3cret@h:2181", "zk://…"},
+		{"etcd://h:2379/locks?client=a@b", "etcd://…"},
+		{"etcd://h:2379/locks?client=a%40b", "etcd://h:2379/locks?client=a%40b"},
 	} {
 		if got := redacted(tc.raw); got != tc.want {
 			t.Errorf("redacted(%q) = %q, want %q", tc.raw, got, tc.want)
