@@ -245,16 +245,36 @@
 //     any client that reaches the ensemble can delete a lock node and take
 //     the lock. Use it on trusted networks only.
 //
+// Under the prefix dlock keeps a persistent child, "!dlock" (no key's
+// directory can have that name), created with the same ACL: key
+// directories are container nodes the server removes once empty, and
+// without it an idle prefix would be empty, so a client allowed to delete
+// children of the prefix's parent (the root, world:anyone, for /dlock)
+// could delete it and create it again with an ACL of its own, failing
+// every acquire. ZooKeeper refuses to delete a node with children, and
+// deleting the sentinel needs the delete right on the prefix. A prefix
+// deleted all the same is created again by the next acquire.
+//
+// Open checks the rights it needs without changing anything it need not:
+// it creates the prefix, its missing ancestors and the sentinel if
+// missing, and reads the prefix's ACL. A server that refuses (zk.ErrNoAuth:
+// the prefix is another identity's, or does not grant this one create and
+// read; zk.ErrInvalidACL) fails Open with ErrInvalidConfig naming the
+// prefix and the user (never the password). An Options.ACL in which no
+// entry (world:anyone, auth, or the digest of Auth) gives this Locker read,
+// create and delete is refused before any I/O, unless an ip or x509 entry
+// may.
+//
 // Nodes that exist already keep their ACL: a prefix made before, by
 // someone else or without credentials, may stay open to all. At open, a
-// Locker with credentials or an ACL reads the prefix's ACL and logs a
-// warning (dlock.Options.Logger) if world:anyone may create, delete or
-// change its ACL; fix it with setAcl or use another prefix. The prefix's
-// own parent (the root, by default) is not dlock's: whoever may delete
-// children there can delete the prefix while no lock is held. Without
-// credentials or an ACL, a Locker warns once at open only if a server is
-// off the loopback network: on a developer's local server that default is
-// expected, and a warning on every open would be noise.
+// Locker with credentials or an ACL logs a warning (dlock.Options.Logger)
+// if world:anyone may create, delete or change the prefix's ACL (then any
+// client can delete the sentinel and the idle prefix); fix it with setAcl
+// or use another prefix. The prefix's own parent (the root, by default) is
+// not dlock's. Without credentials or an ACL, a Locker warns once at open
+// only if a server is off the loopback network: on a developer's local
+// server that default is expected, and a warning on every open would be
+// noise.
 //
 // Digest credentials travel in plaintext unless the connection uses TLS:
 // the zks scheme (ZooKeeper's secureClientPort, served by its

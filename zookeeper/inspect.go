@@ -82,6 +82,9 @@ func (d *Driver) Keys(ctx context.Context, limit int) ([]string, error) {
 		if len(keys) == limit {
 			break
 		}
+		if p == sentinel {
+			continue
+		}
 		key, err := url.PathUnescape(p)
 		if err != nil {
 			continue // not one of ours

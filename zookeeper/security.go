@@ -3,8 +3,10 @@ package zookeeper
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -38,7 +40,35 @@ func checkACL(acl []zk.ACL, auth string) error {
 			return fmt.Errorf("%w: zookeeper: ACL %s: a space in a digest id (write a '+' of the digest as %%2B in a URL)", backend.ErrInvalidConfig, formatACL(a))
 		}
 	}
+	if len(acl) > 0 && !mayUse(acl, auth) {
+		return fmt.Errorf("%w: zookeeper: ACL: no entry gives %s read, create and delete, which it needs on the nodes it creates "+
+			"(add one for it, such as auth::cdrwa with Auth, or its digest)", backend.ErrInvalidConfig, identity(auth))
+	}
 	return nil
+}
+
+// mayUse reports whether acl may give a client authenticated as auth
+// (user:password, or "" for none) read, create and delete: entries for
+// world:anyone, for auth (the creator's identities) and for auth's digest
+// certainly apply to it; ip and x509 entries may, so an ACL that has one
+// is given the benefit of the doubt (the server's answer at open decides).
+func mayUse(acl []zk.ACL, auth string) bool {
+	const need = zk.PermRead | zk.PermCreate | zk.PermDelete
+	var mine string
+	if user, pw, ok := strings.Cut(auth, ":"); ok {
+		mine = zk.DigestACL(0, user, pw)[0].ID
+	}
+	var have int32
+	for _, a := range acl {
+		switch {
+		case a.Scheme == "ip" || a.Scheme == "x509":
+			return true
+		case a.Scheme == "world" && a.ID == "anyone", a.Scheme == "auth" && auth != "",
+			a.Scheme == "digest" && mine != "" && a.ID == mine:
+			have |= a.Perms
+		}
+	}
+	return have&need == need
 }
 
 // parseACL parses the URL parameter acl: entries scheme:id:perms separated
@@ -113,30 +143,63 @@ func (d *Driver) warnTransport(servers []string, o *Options) {
 	}
 }
 
-// checkPrefixACL logs, once at open, a prefix that leaves the locks open:
-// with credentials or an ACL, a prefix node whose ACL lets every client
-// create, delete or change the ACL (it was made by someone else, or the
-// ACL given says so), through which any client can delete an idle key
-// directory or take the prefix over with SetACL, failing every acquire;
-// without either, a server off the loopback network (every client that
-// reaches it can delete any lock node). The common development case, no
-// credentials on loopback, stays quiet.
-func (d *Driver) checkPrefixACL(ctx context.Context, servers []string, o *Options) {
-	if o.Auth == "" && len(o.ACL) == 0 {
-		if s := remote(servers); s != "" {
-			d.log.Warn("dlock/zookeeper: no credentials and no ACL: every client that reaches the ensemble can delete "+
-				"lock nodes and take locks it does not hold; set Auth (user:password in the URL) or ACL", "server", s)
-		}
-		return
+// identity names the client a Locker with credentials auth is, for
+// errors: the user name, never the password.
+func identity(auth string) string {
+	if auth == "" {
+		return "an anonymous client (no Auth)"
 	}
+	user, _, _ := strings.Cut(auth, ":")
+	return "user " + strconv.Quote(user)
+}
+
+// openErr is the error of Open for err, an error of ensurePrefix: the
+// server's refusals (zk.ErrNoAuth: the prefix, or an ancestor, does not
+// let this Locker create under it; zk.ErrInvalidACL: it refused the ACL)
+// are configuration errors, anything else ErrUnavailable.
+func (d *Driver) openErr(err error, auth string) error {
+	switch {
+	case errors.Is(err, zk.ErrNoAuth):
+		return fmt.Errorf("%w: zookeeper: prefix %s: %s may not create nodes there (%w): "+
+			"give it the create right on the prefix (setAcl), use the credentials (Auth) of the prefix's owner, "+
+			"or use another prefix", backend.ErrInvalidConfig, d.prefix, identity(auth), err)
+	case errors.Is(err, zk.ErrInvalidACL):
+		return fmt.Errorf("%w: zookeeper: prefix %s: the server refuses the ACL (%w)", backend.ErrInvalidConfig, d.prefix, err)
+	}
+	return unavailable("creating the prefix", err)
+}
+
+// checkPrefixACL reads the prefix's ACL, once at open: a prefix this
+// Locker may not read (zk.ErrNoAuth: it could not list or watch what it
+// locks) is refused with ErrInvalidConfig. It logs a prefix that leaves
+// the locks open: with credentials or an ACL, a prefix node whose ACL lets
+// every client create, delete or change the ACL (it was made by someone
+// else, or the ACL given says so), through which any client can delete an
+// idle key directory, or the sentinel and then the prefix, or take the
+// prefix over with SetACL, failing every acquire; without either, a server
+// off the loopback network (every client that reaches it can delete any
+// lock node). The common development case, no credentials on loopback,
+// stays quiet.
+func (d *Driver) checkPrefixACL(ctx context.Context, servers []string, o *Options) error {
 	var acl []zk.ACL
 	err := d.read(ctx, false, func() (err error) {
 		acl, _, err = d.conn.GetACL(d.prefix)
 		return err
 	})
-	if err != nil {
-		d.log.Debug("dlock/zookeeper: could not read the prefix's ACL", "prefix", d.prefix, "err", err)
-		return
+	switch {
+	case errors.Is(err, zk.ErrNoAuth):
+		return fmt.Errorf("%w: zookeeper: prefix %s: %s may not read it (%w): "+
+			"give it the read right on the prefix (setAcl), use the credentials (Auth) of the prefix's owner, "+
+			"or use another prefix", backend.ErrInvalidConfig, d.prefix, identity(o.Auth), err)
+	case err != nil:
+		return unavailable("reading the prefix's ACL", err)
+	}
+	if o.Auth == "" && len(o.ACL) == 0 {
+		if s := remote(servers); s != "" {
+			d.log.Warn("dlock/zookeeper: no credentials and no ACL: every client that reaches the ensemble can delete "+
+				"lock nodes and take locks it does not hold; set Auth (user:password in the URL) or ACL", "server", s)
+		}
+		return nil
 	}
 	if worldWritable(acl) {
 		entries := make([]string, len(acl))
@@ -147,6 +210,7 @@ func (d *Driver) checkPrefixACL(ctx context.Context, servers []string, o *Option
 			"or take it over with SetACL and fail every acquire; restrict its ACL (setAcl) or use a prefix of your own",
 			"prefix", d.prefix, "acl", strings.Join(entries, ","))
 	}
+	return nil
 }
 
 // tlsDialer wraps dial with a TLS handshake (cfg; ServerName defaults to

@@ -83,7 +83,8 @@ const leaveTimeout = time.Second
 type Options struct {
 	// Prefix is the znode under which the locks live, an absolute path.
 	// Default DefaultPrefix ("/dlock"). It is created (persistent) if
-	// missing.
+	// missing, with a persistent child "!dlock" that keeps it from being
+	// deleted while idle (see "Security" in the package doc).
 	Prefix string
 	// SessionTimeout is the session timeout asked of the server, which
 	// may negotiate it down (its maxSessionTimeout) or up. Default
@@ -107,7 +108,8 @@ type Options struct {
 	// nor create, delete or change them. See "Security" in the package doc.
 	Auth string
 	// ACL, if set, is the ACL of every node dlock creates: the prefix and
-	// its missing ancestors, the key directories and the lock nodes. It
+	// its missing ancestors, its sentinel child, the key directories and
+	// the lock nodes. It
 	// lets several identities share locks: give each identity (such as
 	// zk.DigestACL(zk.PermAll, "alice", password), or the digest id
 	// "alice:<base64 of SHA-1 of alice:password>" when the password is
@@ -320,10 +322,12 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 	if err := d.checkSession(); err != nil {
 		return fail(err)
 	}
-	if err := d.ensurePath(ctx, d.prefix); err != nil {
+	if err := d.ensurePrefix(ctx); err != nil {
+		return fail(d.openErr(err, o.Auth))
+	}
+	if err := d.checkPrefixACL(ctx, servers, &o); err != nil {
 		return fail(err)
 	}
-	d.checkPrefixACL(ctx, servers, &o)
 	return d, nil
 }
 
@@ -619,6 +623,33 @@ func (d *Driver) again(ctx context.Context, err error, queued bool) error {
 	}
 }
 
+// sentinel is the name of a persistent child dlock keeps under the prefix
+// (with the Locker's ACL), so that the prefix is never empty: ZooKeeper
+// refuses to delete a node with children, and deleting the sentinel
+// needs the right to delete children of the prefix. Without it, a client
+// allowed to delete children of the prefix's parent (the root, world:anyone,
+// for /dlock) could delete an idle prefix, whose key directories the
+// server removes once empty, and create it again with an ACL of its own.
+// No key's directory can have this name: encodeKey writes '!' as %21.
+const sentinel = "!dlock"
+
+// ensurePrefix creates the prefix node, its missing ancestors and the
+// sentinel under it (see sentinel) if they are missing. Its errors are
+// ZooKeeper's, wrapped with what was being created.
+func (d *Driver) ensurePrefix(ctx context.Context) error {
+	if err := d.ensurePath(ctx, d.prefix); err != nil {
+		return err
+	}
+	err := d.do(ctx, func() error {
+		_, err := d.conn.Create(d.prefix+"/"+sentinel, nil, 0, d.acl)
+		return err
+	})
+	if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+		return fmt.Errorf("creating %s/%s: %w", d.prefix, sentinel, err)
+	}
+	return nil
+}
+
 // ensurePath creates the persistent node path and its ancestors if missing.
 func (d *Driver) ensurePath(ctx context.Context, path string) error {
 	for i := 1; i <= len(path); i++ {
@@ -639,7 +670,7 @@ func (d *Driver) ensurePath(ctx context.Context, path string) error {
 			return err
 		})
 		if err != nil && !errors.Is(err, zk.ErrNodeExists) {
-			return unavailable("creating "+p, err)
+			return fmt.Errorf("creating %s: %w", p, err)
 		}
 	}
 	return nil
@@ -732,13 +763,15 @@ func (d *Driver) create(ctx context.Context, parent string) (string, error) {
 // createProtected is the blocking create of protection mode (Curator's,
 // ZOOKEEPER-1262): on a connection loss during the create, the node may or
 // may not exist; we look for our GUID among the children before trying
-// again. A missing parent (a container node the server reaped) is created.
+// again. A missing parent (a container node the server reaped) is created,
+// and so, once, is a missing prefix.
 // A create the client could not send (zk.ErrNoServer) is tried again while
 // the client reconnects (see again). On error, maybe reports that a node
 // carrying our GUID may exist (a create in this session was cut by a
 // connection loss).
 func (d *Driver) createProtected(parent, guid string) (path string, maybe bool, err error) {
 	name := parent + "/" + protectedPrefix + guid + "-lock-"
+	restored := false
 	for rounds := 0; rounds < 5; {
 		var p string
 		p, err = d.conn.Create(name, nil, zk.FlagEphemeral|zk.FlagSequence, d.acl)
@@ -748,6 +781,12 @@ func (d *Driver) createProtected(parent, guid string) (path string, maybe bool, 
 		case errors.Is(err, zk.ErrNoNode):
 			rounds++
 			_, cerr := d.conn.CreateContainer(parent, nil, zk.FlagContainer, d.acl)
+			if errors.Is(cerr, zk.ErrNoNode) && !restored {
+				// The prefix itself is gone (deleted by a
+				// client allowed to): create it again, once.
+				restored = true
+				cerr = d.ensurePrefix(d.ctx)
+			}
 			if cerr != nil && !errors.Is(cerr, zk.ErrNodeExists) {
 				if aerr := d.again(d.ctx, cerr, false); aerr != nil {
 					return "", maybe, aerr
