@@ -199,7 +199,7 @@ func (h *Hub) Watch(ctx context.Context, channel string) (<-chan struct{}, func(
 		}
 		var re goredis.Error
 		if errors.As(err, &re) {
-			return nil, nil, fmt.Errorf("%w: %s: the server refused SUBSCRIBE %q (go-redis drops this reply; "+
+			return nil, nil, fmt.Errorf("%w: %s: the server answered SUBSCRIBE %q with an error (go-redis drops this reply; "+
 				"a check on a connection of its own read it): %w", backend.ErrUnavailable, h.name, subs, err)
 		}
 		return nil, nil, fmt.Errorf("%w: %s: subscribing to %q: %w", backend.ErrUnavailable, h.name, channel, err)
@@ -209,30 +209,45 @@ func (h *Hub) Watch(ctx context.Context, channel string) (<-chan struct{}, func(
 
 // Waiting for a SUBSCRIBE's confirmation: the check of a refusal comes
 // checkAfter after the SUBSCRIBE was written (a confirmation takes a round
-// trip, well under a millisecond on a LAN, so a check that finds nothing
-// wrong is rare and costs only a connection), then again after twice as
-// long each time it finds nothing wrong, at most every maxCheckInterval.
-const (
-	checkAfter       = 250 * time.Millisecond
-	maxCheckInterval = 30 * time.Second
-)
+// trip, well under a millisecond on a LAN, so a check is rare and costs
+// only a connection), and once more after twice as long if the first found
+// nothing wrong; if the confirmation has still not come then, Watch fails
+// (errUnconfirmed) and the waiter polls.
+const checkAfter = 250 * time.Millisecond
+
+// errUnconfirmed: the server allows the SUBSCRIBE (two checks said so) but
+// its confirmation has not come. go-redis drops every error reply on the
+// PubSub's connection, not only refusals: a SUBSCRIBE answered -BUSY while
+// a script ran too long is never confirmed either, and waiting for it would
+// end only with the caller's context.
+var errUnconfirmed = errors.New("no confirmation of the SUBSCRIBE, although the server allows it (an error reply that go-redis dropped?)")
 
 // confirm waits for the barrier's confirmation (confirmed closed), ctx or
 // the Hub's end (done closed). The server answers a SUBSCRIBE it refuses
-// (an ACL user without the right to the channels, NOPERM) with an error
-// reply, which go-redis's PubSub channel drops (its receiving loop skips
-// every error of Receive), so no confirmation would ever come and the wait
-// would end only with ctx. confirm therefore checks, when the
-// confirmation is late (checkAfter, then less and less often), whether
-// the server refuses this very SUBSCRIBE, on a connection of its own
-// (CheckSubscribe), and returns the server's error if so: Watch fails with
-// it, and the dlock layer waits by polling instead (it logs a warning).
-// A check that fails for another reason (the network) changes nothing:
-// the PubSub re-subscribes once its connection is back.
+// (an ACL user without the right to the channels, NOPERM) or cannot serve
+// now (BUSY) with an error reply, which go-redis's PubSub channel drops
+// (its receiving loop skips every error of Receive), so no confirmation
+// would ever come and the wait would end only with ctx. confirm therefore
+// checks, when the confirmation is late, whether the server refuses this
+// very SUBSCRIBE, on a connection of its own (CheckSubscribe), and returns
+// the server's error if so; after two checks that find nothing wrong it
+// returns errUnconfirmed. Either way Watch fails, and the dlock layer
+// waits by polling instead (it logs a warning). A check that fails for
+// another reason (the network) counts as neither: the PubSub
+// re-subscribes once its connection is back. The confirmation, ctx and
+// the Hub's end are watched during a check too.
 func (h *Hub) confirm(ctx context.Context, confirmed, done <-chan struct{}, subs []string) error {
 	wait := checkAfter
 	t := time.NewTimer(wait)
 	defer t.Stop()
+	clean := 0 // checks that found the SUBSCRIBE allowed
+	var checked chan error
+	// A check still under way when confirm returns is ended (its
+	// connection closed) and waited for: no goroutine outlives Watch.
+	var running sync.WaitGroup
+	defer running.Wait()
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	for {
 		select {
 		case <-confirmed:
@@ -242,21 +257,28 @@ func (h *Hub) confirm(ctx context.Context, confirmed, done <-chan struct{}, subs
 		case <-done:
 			return backend.ErrClosed
 		case <-t.C:
-		}
-		cctx, cancel := context.WithTimeout(ctx, opTimeout)
-		err := checkSubscribe(cctx, h.client, subs...)
-		cancel()
-		var re goredis.Error
-		if errors.As(err, &re) {
-			select {
-			case <-confirmed:
-				return nil // allowed again meanwhile
-			default:
+			ch := make(chan error, 1) // buffered: the check never blocks on us
+			checked = ch
+			running.Go(func() {
+				ctx, cancel := context.WithTimeout(cctx, opTimeout)
+				defer cancel()
+				ch <- checkSubscribe(ctx, h.client, subs...)
+			})
+			continue
+		case err := <-checked:
+			checked = nil
+			var re goredis.Error
+			switch {
+			case errors.As(err, &re):
+				return err
+			case err == nil:
+				if clean++; clean == 2 {
+					return errUnconfirmed
+				}
 			}
-			return err
+			wait *= 2
+			t.Reset(wait)
 		}
-		wait = min(2*wait, maxCheckInterval)
-		t.Reset(wait)
 	}
 }
 
@@ -279,7 +301,13 @@ func (h *Hub) CheckSubscribe(ctx context.Context, channel string) error {
 // checkSubscribe is CheckSubscribe of chans, within ctx.
 func checkSubscribe(ctx context.Context, client goredis.UniversalClient, chans ...string) error {
 	ps := client.Subscribe(ctx) // no channels: no connection yet
-	defer func() { _ = ps.Close() }()
+	// go-redis's reads follow ctx's deadline but not its cancellation:
+	// closing the connection ends a read at once.
+	stop := context.AfterFunc(ctx, func() { _ = ps.Close() })
+	defer func() {
+		stop()
+		_ = ps.Close()
+	}()
 	if err := ps.Subscribe(ctx, chans...); err != nil {
 		return err
 	}
