@@ -279,9 +279,15 @@
 // Digest credentials travel in plaintext unless the connection uses TLS:
 // the zks scheme (ZooKeeper's secureClientPort, served by its
 // NettyServerCnxnFactory) with parameters ca, cert, key and server_name,
-// or Options.TLS. A Locker logs a warning at open when it sends a password
-// without TLS to a server off the loopback network, and when its TLS
-// configuration skips verifying the servers (InsecureSkipVerify, Go only).
+// or Options.TLS. Each server's certificate is verified for its host as
+// given (zks://zk1.example.com:2281 checks zk1.example.com, whatever
+// address it resolves to) unless server_name (tls.Config.ServerName)
+// names one name for all. A failed handshake (an unknown CA, a name the
+// certificate does not hold) is the last dial error a URL's Open reports
+// when it gets no session within dial_timeout. A Locker logs a warning at
+// open when it sends a password without TLS to a server off the loopback
+// network, and when its TLS configuration skips verifying the servers
+// (InsecureSkipVerify, Go only).
 //
 // # URL
 //
@@ -304,8 +310,9 @@
 // %2B; ids holding a comma, such as x509 names, only through
 // Options.ACL). For zks only: ca (a PEM file of the CAs to trust, default
 // the system's), cert and key (a client certificate and its key, PEM
-// files, both or neither), server_name (the name to verify, default the
-// host dialled). Bad values and unknown parameters are errors wrapping
+// files, both or neither), server_name (the name to verify, default each
+// server's host as written in the URL, not the address it resolves to).
+// Bad values and unknown parameters are errors wrapping
 // [backend.ErrInvalidConfig], before any I/O.
 //
 // # Connection

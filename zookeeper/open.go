@@ -36,7 +36,8 @@ func init() {
 // Options.ACL only); for zks (TLS, the servers' secureClientPort): ca (a
 // PEM file of the CAs to trust, default the system's), cert and key (PEM
 // files of a client certificate and its key; both or neither),
-// server_name (the name to verify, default the host dialled). The
+// server_name (the name to verify, default each server's host as
+// written, not the address it resolves to). The
 // package registers a zero URLOpener on
 // dlock.DefaultURLMux; register one of your own on a dlock.URLMux to open
 // URLs with your own Logger or Options (Options.Dialer opens the
@@ -82,24 +83,18 @@ func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error)
 		quiet []*quietConn // connections dialled during Open
 		over  bool         // Open is over: stop tracking
 	)
-	dial := opts.Dialer
-	if dial == nil {
-		dial = net.DialTimeout
-	}
-	opts.Dialer = func(network, addr string, timeout time.Duration) (net.Conn, error) {
-		c, err := dial(network, addr, timeout)
-		dials.Note(err)
-		if err != nil {
-			return nil, err
-		}
+	// The hooks see the dials after any TLS handshake: its failure (a
+	// CA that did not issue the certificate) is the dial error reported,
+	// and only bytes after it count as an answer.
+	hooks := &dialHooks{note: dials.Note, conn: func(c net.Conn) net.Conn {
 		qc := &quietConn{Conn: c}
 		mu.Lock()
 		if !over {
 			quiet = append(quiet, qc)
 		}
 		mu.Unlock()
-		return qc, nil
-	}
+		return qc
+	}}
 	dctx, cancel := urlparam.WithDialTimeout(ctx, dialTimeout)
 	defer cancel()
 	// When dctx ends, close the connections of this Open that never got
@@ -117,7 +112,7 @@ func open(ctx context.Context, u *url.URL, base Options) (backend.Driver, error)
 		}
 		quiet = nil
 	})
-	d, err := NewDriver(dctx, servers, opts)
+	d, err := newDriver(dctx, servers, opts, hooks)
 	if err != nil {
 		return nil, dials.Explain(dctx, err, dialTimeout)
 	}

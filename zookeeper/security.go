@@ -213,26 +213,24 @@ func (d *Driver) checkPrefixACL(ctx context.Context, servers []string, o *Option
 	return nil
 }
 
-// tlsDialer wraps dial with a TLS handshake (cfg; ServerName defaults to
-// the host dialled), bounded by the dial's timeout.
-func tlsDialer(dial zk.Dialer, cfg *tls.Config) zk.Dialer {
-	return func(network, addr string, timeout time.Duration) (net.Conn, error) {
-		c, err := dial(network, addr, timeout)
-		if err != nil {
-			return nil, err
-		}
-		tc := cfg
-		if tc.ServerName == "" {
-			tc = cfg.Clone()
-			tc.ServerName, _, _ = net.SplitHostPort(addr)
-		}
-		t := tls.Client(c, tc)
-		_ = c.SetDeadline(time.Now().Add(timeout))
-		if err := t.Handshake(); err != nil {
-			_ = c.Close()
-			return nil, fmt.Errorf("zookeeper: TLS handshake with %s: %w", addr, err)
-		}
-		_ = c.SetDeadline(time.Time{})
-		return t, nil
+// dialServer dials addr, an address of the server host, with dial and,
+// with cfg, runs the TLS handshake over the connection (ServerName
+// defaults to host), bounded by timeout.
+func dialServer(dial zk.Dialer, cfg *tls.Config, host, network, addr string, timeout time.Duration) (net.Conn, error) {
+	c, err := dial(network, addr, timeout)
+	if err != nil || cfg == nil {
+		return c, err
 	}
+	if cfg.ServerName == "" {
+		cfg = cfg.Clone()
+		cfg.ServerName = host
+	}
+	t := tls.Client(c, cfg)
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	if err := t.Handshake(); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("zookeeper: TLS handshake with %s (%s): %w", host, addr, err)
+	}
+	_ = c.SetDeadline(time.Time{})
+	return t, nil
 }

@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	mrand "math/rand/v2"
 	"net"
 	"strconv"
 	"strings"
@@ -119,8 +120,9 @@ type Options struct {
 	// ZooKeeper's own default). Nodes that already exist keep their ACL.
 	ACL []zk.ACL
 	// TLS, if set, is the TLS configuration of the connections to the
-	// servers (their secureClientPort); ServerName defaults to the host
-	// dialled. Default: plain TCP.
+	// servers (their secureClientPort); ServerName defaults to each
+	// server's host as given (not the address it resolves to). Default:
+	// plain TCP.
 	TLS *tls.Config
 	// Dialer, if set, opens the TCP connections to the servers (tests use
 	// it to cut connections); with TLS, the handshake runs over them.
@@ -197,6 +199,19 @@ func New(ctx context.Context, servers []string, opts *Options) (*dlock.Locker, e
 
 // NewDriver is [New] without the Locker, for callers that wrap the driver.
 func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, error) {
+	return newDriver(ctx, servers, opts, nil)
+}
+
+// dialHooks let Open (open.go) see the client's dials: note gets the
+// error of every dial, TLS handshake included, and conn wraps every
+// connection made.
+type dialHooks struct {
+	note func(error)
+	conn func(net.Conn) net.Conn
+}
+
+// newDriver is NewDriver, with hooks (nil: none) on the client's dials.
+func newDriver(ctx context.Context, servers []string, opts *Options, hooks *dialHooks) (*Driver, error) {
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -251,20 +266,24 @@ func NewDriver(ctx context.Context, servers []string, opts *Options) (*Driver, e
 	if dial == nil {
 		dial = net.DialTimeout
 	}
-	if o.TLS != nil {
-		dial = tlsDialer(dial, o.TLS)
-	}
+	hosts := &hostList{d: d}
 	d.warnTransport(servers, &o)
 	session := make(chan struct{}, 1)
 	conn, events, err := zk.Connect(servers, o.SessionTimeout,
 		zk.WithLogger(zkLogger{log: log, closing: d.ctx, up: &d.hadSession}),
 		zk.WithLogInfo(false),
-		zk.WithHostProvider(hostCounter{HostProvider: zk.NewDNSHostProvider(), d: d}),
+		zk.WithHostProvider(hosts),
 		zk.WithDialer(func(network, addr string, timeout time.Duration) (net.Conn, error) {
 			d.noteDial()
-			c, err := dial(network, addr, timeout)
+			c, err := dialServer(dial, o.TLS, hosts.host(addr), network, addr, timeout)
+			if hooks != nil {
+				hooks.note(err)
+			}
 			if err != nil {
 				return nil, err
+			}
+			if hooks != nil {
+				c = hooks.conn(c)
 			}
 			return &timeoutConn{Conn: c, d: d}, nil
 		}),
@@ -367,20 +386,93 @@ func (c *timeoutConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// hostCounter is go-zookeeper's host provider; it records how many
-// addresses the client cycles through (a host name may resolve to several).
-type hostCounter struct {
-	zk.HostProvider
-	d *Driver
+// hostList is the client's host provider. It does what go-zookeeper's
+// DNSHostProvider does (resolve every server once, shuffle the addresses,
+// go round them), and remembers the host each address was resolved from:
+// TLS verifies the name given (a certificate for zk1.example.com rarely
+// names its address), while the client dials addresses. It records how
+// many addresses there are (a host name may resolve to several).
+type hostList struct {
+	d          *Driver
+	mu         sync.Mutex
+	addrs      []string
+	names      map[string]string // address → host, as given
+	curr, last int
 }
 
-// Init resolves the servers and records how many addresses they gave.
-func (h hostCounter) Init(servers []string) error {
-	err := h.HostProvider.Init(servers)
-	if err == nil {
-		h.d.hosts.Store(int64(h.HostProvider.Len()))
+// lookupTimeout bounds the resolution of the servers (DNSHostProvider's).
+const lookupTimeout = 3 * time.Second
+
+// Init resolves the servers.
+func (h *hostList) Init(servers []string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)
+	defer cancel()
+	var addrs []string
+	names := make(map[string]string)
+	for _, s := range servers {
+		host, port, err := net.SplitHostPort(s)
+		if err != nil {
+			return err
+		}
+		ips, err := net.DefaultResolver.LookupHost(ctx, host)
+		if err != nil {
+			return err
+		}
+		for _, ip := range ips {
+			a := net.JoinHostPort(ip, port)
+			if _, ok := names[a]; !ok {
+				names[a] = host
+			}
+			addrs = append(addrs, a)
+		}
 	}
-	return err
+	if len(addrs) == 0 {
+		return fmt.Errorf("no addresses found for %q", servers)
+	}
+	mrand.Shuffle(len(addrs), func(i, j int) { addrs[i], addrs[j] = addrs[j], addrs[i] })
+	h.mu.Lock()
+	h.addrs, h.names, h.curr, h.last = addrs, names, -1, -1
+	h.mu.Unlock()
+	h.d.hosts.Store(int64(len(addrs)))
+	return nil
+}
+
+// Len returns the number of addresses.
+func (h *hostList) Len() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.addrs)
+}
+
+// Next returns the next address to dial; retryStart reports that the
+// client has gone round them all since its last connection.
+func (h *hostList) Next() (addr string, retryStart bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.curr = (h.curr + 1) % len(h.addrs)
+	retryStart = h.curr == h.last
+	if h.last == -1 {
+		h.last = 0
+	}
+	return h.addrs[h.curr], retryStart
+}
+
+// Connected records a connection to the current address.
+func (h *hostList) Connected() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.last = h.curr
+}
+
+// host returns the server's host, as given, that addr was resolved from.
+func (h *hostList) host(addr string) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if n, ok := h.names[addr]; ok {
+		return n
+	}
+	n, _, _ := net.SplitHostPort(addr)
+	return n
 }
 
 // zkLogger sends the client library's log lines to slog: at Warn, or at
