@@ -79,14 +79,14 @@ func TestACLRefusedAtOpen(t *testing.T) {
 		drop string   // a rule of the documented line left out
 		want []string // in the error
 	}{
-		{"&dlock:*", []string{`may not publish or subscribe to channel "dlock:{probe:`, "&dlock:*"}},
+		{"&dlock:*", []string{`may not publish or subscribe to channel "dlock:{\x00probe:`, "&dlock:*"}},
 		{"+evalsha", []string{"may not run EVALSHA", "+evalsha"}},
 		{"+eval", []string{"may not run EVAL", "+eval"}},
 		{"+publish", []string{"may not run PUBLISH", "+publish"}},
 		{"+subscribe", []string{"may not run SUBSCRIBE", "+subscribe"}},
 		{"+script|load", []string{"may not run SCRIPT|LOAD", "+script|load"}},
 		{"+append", []string{"may not run APPEND", "+append"}},
-		{"~dlock:*", []string{`may not read or write key "dlock:{probe:`, "~dlock:*"}},
+		{"~dlock:*", []string{`may not read or write key "dlock:{\x00probe:`, "~dlock:*"}},
 	} {
 		t.Run("without "+tc.drop, func(t *testing.T) {
 			t.Parallel()

@@ -313,7 +313,9 @@ func (d *Driver) start(ctx context.Context) error {
 // cannot run (an error reply that is not a refusal: a proxy, an old
 // server) is logged and skipped.
 func (d *Driver) checkRights(ctx context.Context) error {
-	lk := d.lockKey("probe:" + newValue()[:16])
+	// A NUL, which no key may hold (backend.CheckKey): no lock of a user
+	// is ever this key.
+	lk := d.lockKey("\x00probe:" + newValue()[:16])
 	channel := lk + releaseSuffix
 	var extra [][]any
 	if d.waitN > 0 {

@@ -65,8 +65,8 @@ func userName(t *testing.T) string {
 	return "locker_" + strings.NewReplacer(".", "_", "/", "_").Replace(uniqueKey(t))
 }
 
-// aclNodeTimeout: the open-time check is waited for 4 × NodeTimeout; the
-// tests give it 4s, for a loaded CI machine.
+// aclNodeTimeout: the open-time check is waited for 4 × NodeTimeout (at
+// least 2s); the tests give it 4s, for a loaded CI machine.
 const aclNodeTimeout = time.Second
 
 // TestACLRefusedOnOneNode: a user that lacks a right on one node of three

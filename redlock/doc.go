@@ -250,7 +250,8 @@
 // Mind the channels (&dlock:*): Redis 7 gives a new user none, and
 // without them waiters are never woken by a release. [NewDriver] (so
 // [New] and Open) loads the scripts and checks these rights on every node
-// that answers within 4 × NodeTimeout, on a probe key and channel under
+// that answers within 4 × NodeTimeout (at least 2s; a node that does not
+// is left unchecked, with a warning), on a probe key and channel under
 // the prefix (one pipelined round trip after the script loads, and a
 // SUBSCRIBE and UNSUBSCRIBE on a pub/sub connection of its own), and
 // refuses a node whose user lacks one with an error wrapping

@@ -111,8 +111,8 @@ func New(ctx context.Context, nodes []goredis.UniversalClient, opts *Options) (*
 // whose user lacks one fails NewDriver with an error wrapping
 // [backend.ErrInvalidConfig] that names the node, the right and the ACL
 // SETUSER rule that grants it. A node that is down now, or does not answer
-// within 4 × NodeTimeout, gets the scripts when it is first used, and is
-// not checked.
+// within 4 × NodeTimeout (at least 2s), gets the scripts when it is first
+// used, and is not checked (a warning is logged).
 func NewDriver(ctx context.Context, nodes []goredis.UniversalClient, opts *Options) (*Driver, error) {
 	var o Options
 	if opts != nil {
@@ -182,20 +182,27 @@ func NewDriver(ctx context.Context, nodes []goredis.UniversalClient, opts *Optio
 	for i, c := range d.nodes {
 		d.disp = append(d.disp, newDispatcher(i, c))
 	}
-	if err := d.loadScripts(ctx, d.nodeTimeout*4); err != nil {
+	if err := d.loadScripts(ctx, max(d.nodeTimeout*4, checkTimeout)); err != nil {
 		_ = d.Close()
 		return nil, err
 	}
 	return d, nil
 }
 
+// checkTimeout is the least time NewDriver gives the nodes to take the
+// scripts and be checked (loadScripts): four script loads, a probe and a
+// pub/sub connection's dial and two round trips take more than 4 ×
+// NodeTimeout (200ms by default) on a loaded machine, and a user without a
+// right must not open unchecked for that.
+const checkTimeout = 2 * time.Second
+
 // loadScripts loads the scripts on every node in parallel and checks the
 // user's rights there (checkNode), waiting at most timeout; a node that has
 // not got them by then gets them on first use (EVALSHA falls back to
-// EVAL), unchecked. It returns an error wrapping backend.ErrInvalidConfig
-// naming every node that answered with a refusal.
-func (d *Driver) loadScripts(ctx context.Context, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+// EVAL), unchecked, with a warning. It returns an error wrapping
+// backend.ErrInvalidConfig naming every node that answered with a refusal.
+func (d *Driver) loadScripts(parent context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(parent, timeout)
 	defer cancel()
 	type result struct {
 		node    int
@@ -206,10 +213,11 @@ func (d *Driver) loadScripts(ctx context.Context, timeout time.Duration) error {
 		d.bg.Go(func() { // Close waits for loads still on their way
 			refused, err := d.checkNode(ctx, i, c)
 			if err != nil {
-				// A node that failed is worth a warning; one only
-				// slower than the wait (or a caller gone) is not.
+				// A node that failed or did not answer in time is
+				// worth a warning (its user's rights are unchecked);
+				// a caller gone is not.
 				level := slog.LevelWarn
-				if ctx.Err() != nil {
+				if parent.Err() != nil {
 					level = slog.LevelDebug
 				}
 				d.log.Log(context.Background(), level, "dlock/redlock: a node did not take the scripts, or could not be checked, at start; it gets them on first use",
@@ -242,7 +250,9 @@ func (d *Driver) loadScripts(ctx context.Context, timeout time.Duration) error {
 // failure that is not one (the network, an error reply that is not a
 // refusal).
 func (d *Driver) checkNode(ctx context.Context, i int, c goredis.UniversalClient) (refused []redisscript.Refusal, err error) {
-	lk := d.keys("probe:" + newValue()[:16])[0]
+	// A NUL, which no key may hold (backend.CheckKey): no lock of a user
+	// is ever this key.
+	lk := d.keys("\x00probe:" + newValue()[:16])[0]
 	channel := lk + redisscript.ReleaseSuffix
 	var (
 		subErr error
