@@ -197,7 +197,7 @@ func TestACLSharedByIdentities(t *testing.T) {
 }
 
 // records is a slog.Handler that keeps the messages of the records at Warn
-// and above.
+// and above, each followed by its attributes.
 type records struct {
 	mu   sync.Mutex
 	msgs []string
@@ -209,7 +209,12 @@ func (r *records) WithGroup(string) slog.Handler                { return r }
 func (r *records) Handle(_ context.Context, rec slog.Record) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.msgs = append(r.msgs, rec.Message)
+	msg := rec.Message
+	rec.Attrs(func(a slog.Attr) bool {
+		msg += " " + a.String()
+		return true
+	})
+	r.msgs = append(r.msgs, msg)
 	return nil
 }
 

@@ -235,7 +235,11 @@
 //     share locks, list each with at least read, create and delete
 //     (read: a waiter watches its predecessor's node), and give every
 //     Locker the same ACL; a digest id is "user:<base64 of SHA-1 of
-//     user:password>", what zk.DigestACL computes.
+//     user:password>", what zk.DigestACL computes. Entries are checked
+//     before any I/O: a known scheme (world with id anyone, digest with
+//     such an id, never a password, ip with an address or CIDR block,
+//     auth with credentials, x509), permissions among cdrwa; errors name
+//     the entry by index and scheme, never its text.
 //   - Without it, with credentials (Options.Auth, user:password in the
 //     URL): zk.AuthACL(zk.PermAll), every right to that identity and none
 //     to anyone else. Lockers sharing the identity share the locks; a
@@ -269,7 +273,8 @@
 // someone else or without credentials, may stay open to all. At open, a
 // Locker with credentials or an ACL logs a warning (dlock.Options.Logger)
 // if world:anyone may create, delete or change the prefix's ACL (then any
-// client can delete the sentinel and the idle prefix); fix it with setAcl
+// client can delete the sentinel and the idle prefix), listing the ACL
+// with digest hashes left out; fix it with setAcl
 // or use another prefix. The prefix's own parent (the root, by default) is
 // not dlock's. Without credentials or an ACL, a Locker warns once at open
 // only if a server is off the loopback network: on a developer's local

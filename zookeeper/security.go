@@ -2,10 +2,13 @@ package zookeeper
 
 import (
 	"context"
+	"crypto/sha1"
 	"crypto/tls"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -20,29 +23,70 @@ import (
 const permLetters = "rwcda"
 
 // checkACL refuses an ACL the server would refuse or that could not work,
-// before any I/O: an entry without a scheme or id (the auth scheme's id is
-// empty), with no permission or one zk does not define, or of the auth
-// scheme when there are no credentials (auth means "the identities the
-// creator authenticated as").
+// before any I/O: an entry of a scheme ZooKeeper does not know, with an id
+// not of its scheme's form (world: anyone; digest: user:<base64 of the
+// SHA-1 of user:password>; ip: an address or CIDR; x509: a name), with no
+// permission or one zk does not define, or of the auth scheme when there
+// are no credentials (auth means "the identities the creator
+// authenticated as"); or an ACL that gives this Locker (auth) no read,
+// create and delete (see mayUse). Errors name an entry by its index and
+// scheme, never its text: a password typed where the digest belongs is
+// not echoed.
 func checkACL(acl []zk.ACL, auth string) error {
-	for _, a := range acl {
-		switch {
-		case a.Scheme == "":
-			return fmt.Errorf("%w: zookeeper: ACL %s: no scheme", backend.ErrInvalidConfig, formatACL(a))
-		case a.Perms <= 0 || a.Perms&^zk.PermAll != 0:
-			return fmt.Errorf("%w: zookeeper: ACL %s: permissions %#x: want a non-empty subset of zk.PermAll", backend.ErrInvalidConfig, formatACL(a), a.Perms)
-		case a.Scheme == "auth" && auth == "":
-			return fmt.Errorf("%w: zookeeper: ACL %s: the auth scheme needs credentials (Auth)", backend.ErrInvalidConfig, formatACL(a))
-		case a.Scheme != "auth" && a.ID == "":
-			return fmt.Errorf("%w: zookeeper: ACL %s: no id", backend.ErrInvalidConfig, formatACL(a))
-		case a.Scheme == "digest" && strings.Contains(a.ID, " "):
-			// url.ParseQuery turns a '+' of the base64 digest into a space.
-			return fmt.Errorf("%w: zookeeper: ACL %s: a space in a digest id (write a '+' of the digest as %%2B in a URL)", backend.ErrInvalidConfig, formatACL(a))
+	for i, a := range acl {
+		if err := checkEntry(a, auth); err != nil {
+			scheme := a.Scheme
+			if !slices.Contains(schemes, scheme) {
+				scheme = "unknown scheme"
+			}
+			return fmt.Errorf("%w: zookeeper: ACL entry %d (%s): %s", backend.ErrInvalidConfig, i+1, scheme, err)
 		}
 	}
 	if len(acl) > 0 && !mayUse(acl, auth) {
 		return fmt.Errorf("%w: zookeeper: ACL: no entry gives %s read, create and delete, which it needs on the nodes it creates "+
 			"(add one for it, such as auth::cdrwa with Auth, or its digest)", backend.ErrInvalidConfig, identity(auth))
+	}
+	return nil
+}
+
+// schemes are the ACL schemes of ZooKeeper's authentication providers.
+var schemes = []string{"world", "auth", "digest", "ip", "x509"}
+
+// checkEntry is checkACL's check of one entry; its error says what is
+// wrong without the entry's text.
+func checkEntry(a zk.ACL, auth string) error {
+	if a.Perms <= 0 || a.Perms&^zk.PermAll != 0 {
+		return fmt.Errorf("permissions %#x: want a non-empty subset of zk.PermAll", a.Perms)
+	}
+	switch a.Scheme {
+	case "world":
+		if a.ID != "anyone" {
+			return errors.New("the world scheme's id is anyone")
+		}
+	case "auth":
+		if auth == "" {
+			return errors.New("the auth scheme needs credentials (Auth)")
+		}
+	case "digest":
+		user, hash, _ := strings.Cut(a.ID, ":")
+		if strings.Contains(a.ID, " ") {
+			// url.ParseQuery turns a '+' of the base64 digest into a space.
+			return errors.New("a space in a digest id (write a '+' of the digest as %2B in a URL)")
+		}
+		if b, err := base64.StdEncoding.DecodeString(hash); user == "" || err != nil || len(b) != sha1.Size {
+			return errors.New("want user:<base64 of the SHA-1 of user:password> (28 characters), not a password " +
+				"(zk.DigestACL computes it)")
+		}
+	case "ip":
+		if _, _, err := net.ParseCIDR(a.ID); err != nil && net.ParseIP(a.ID) == nil {
+			return errors.New("want an IP address or a CIDR block, such as 10.0.0.0/8")
+		}
+	case "x509":
+		if a.ID == "" {
+			return errors.New("no id (want the certificate's subject name)")
+		}
+	default:
+		return fmt.Errorf("want one of %s", strings.Join(schemes, ", "))
 	}
 	return nil
 }
@@ -75,18 +119,19 @@ func mayUse(acl []zk.ACL, auth string) bool {
 // by commas, as zkCli writes them (digest:alice:<base64 of SHA-1 of
 // alice:password>:cdrwa, world:anyone:r, auth::cdrwa). The id is what lies
 // between the first and the last colon, so a digest id keeps its own.
+// Errors name an entry by its index, not its text.
 func parseACL(v string) ([]zk.ACL, error) {
 	var acl []zk.ACL
-	for _, e := range strings.Split(v, ",") {
+	for n, e := range strings.Split(v, ",") {
 		i, j := strings.Index(e, ":"), strings.LastIndex(e, ":")
 		if i < 0 || i == j {
-			return nil, fmt.Errorf("%w: zookeeper: parameter acl: entry %q: want scheme:id:perms, such as digest:alice:<digest>:cdrwa or world:anyone:r", backend.ErrInvalidConfig, e)
+			return nil, fmt.Errorf("%w: zookeeper: parameter acl: entry %d: want scheme:id:perms, such as digest:alice:<digest>:cdrwa or world:anyone:r", backend.ErrInvalidConfig, n+1)
 		}
 		a := zk.ACL{Scheme: e[:i], ID: e[i+1 : j]}
 		for _, c := range e[j+1:] {
 			k := strings.IndexRune(permLetters, c)
 			if k < 0 || a.Perms&(1<<k) != 0 {
-				return nil, fmt.Errorf("%w: zookeeper: parameter acl: entry %q: permissions %q: want letters among cdrwa, each once", backend.ErrInvalidConfig, e, e[j+1:])
+				return nil, fmt.Errorf("%w: zookeeper: parameter acl: entry %d: permissions: want letters among cdrwa, each once", backend.ErrInvalidConfig, n+1)
 			}
 			a.Perms |= 1 << k
 		}
@@ -95,10 +140,17 @@ func parseACL(v string) ([]zk.ACL, error) {
 	return acl, nil
 }
 
-// formatACL writes a as zkCli does (scheme:id:perms).
+// formatACL writes a as zkCli does (scheme:id:perms), but for a digest id's
+// hash (an unsalted SHA-1 of user:password, which can be cracked): for
+// logs.
 func formatACL(a zk.ACL) string {
 	var b strings.Builder
-	b.WriteString(a.Scheme + ":" + a.ID + ":")
+	id := a.ID
+	if a.Scheme == "digest" {
+		user, _, _ := strings.Cut(id, ":")
+		id = user + ":<digest>"
+	}
+	b.WriteString(a.Scheme + ":" + id + ":")
 	for _, c := range "cdrwa" {
 		if a.Perms&(1<<strings.IndexRune(permLetters, c)) != 0 {
 			b.WriteRune(c)
