@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,6 +132,8 @@ func TestAuthPermissions(t *testing.T) {
 			t.Fatalf("prefix app/ with the right: %v", err)
 		}
 		created := etcd.WatchCreated(d)
+		var attempts atomic.Int32
+		etcd.BeforeWatch(d, func() { attempts.Add(1) })
 		if _, err := root.RoleRevokePermission(t.Context(), "locker", "app/", clientv3.GetPrefixRangeEnd("app/")); err != nil {
 			t.Fatal(err)
 		}
@@ -138,7 +141,13 @@ func TestAuthPermissions(t *testing.T) {
 		const window = 4 * time.Second
 		time.Sleep(window)
 		warned := len(rec.Above(slog.LevelInfo))
-		t.Logf("%d warnings in %v without the right", warned, window)
+		tried := attempts.Load()
+		t.Logf("%d warnings and %d watches in %v without the right", warned, tried, window)
+		// Back-off: 50ms three times, then doubling up to 2s: at most 9
+		// watches in 4s (a retry every 50ms would make about 80).
+		if tried > 12 {
+			t.Errorf("%d watches made in %v while the right was missing; want the back-off's at most 12", tried, window)
+		}
 		// A retry every 50ms would log about 80 times; with the back-off
 		// doubling from 50ms there are at most 7 attempts in 4s, and the
 		// warnings after the first are spaced further apart still.

@@ -2,12 +2,15 @@ package etcd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
 
 	"github.com/dlock-go/dlock/backend"
 )
@@ -324,12 +327,18 @@ func (h *hub) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		failures++
+		// Backing off only for a refusal: after a leader election or a
+		// compaction the watch is made again at once.
+		if refused(werr) {
+			failures++
+		} else {
+			failures = 0
+		}
 		wait := watchBackoff(failures)
-		// One warning when a working watch breaks; while it cannot be
-		// made again (a user without the right to read the prefix, a
-		// cluster without a leader), one per watchWarnEvery.
-		if werr != nil && (failures == 1 || time.Since(warned) >= watchWarnEvery) {
+		// One warning when the watch breaks; while it keeps breaking (a
+		// user without the right to read the prefix, a cluster without a
+		// leader), one per watchWarnEvery.
+		if werr != nil && time.Since(warned) >= watchWarnEvery {
 			warned = time.Now()
 			h.d.log.Warn("dlock/etcd: the watch on the lock prefix broke; waking the waiters and watching again",
 				"prefix", h.d.prefix, "error", werr, "attempt", failures, "retry_in", wait)
@@ -341,12 +350,34 @@ func (h *hub) run(ctx context.Context) {
 // watchWarnEvery spaces the warnings of a prefix watch that keeps failing.
 const watchWarnEvery = 30 * time.Second
 
+// refused reports whether err, a watch's, is the cluster's refusal: the
+// user lacks the right to read the prefix (it had it when checkAccess
+// ran), or its authentication is no longer accepted.
+func refused(err error) bool {
+	if err == nil {
+		return false
+	}
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return ee.Code() == codes.PermissionDenied || ee.Code() == codes.Unauthenticated || errors.Is(err, rpctypes.ErrAuthFailed)
+	}
+	// The client closes a refused watch with an error made of the gRPC
+	// status's text ("rpc error: code = PermissionDenied desc =
+	// etcdserver: permission denied"), not the status itself.
+	msg := err.Error()
+	for _, e := range []error{rpctypes.ErrGRPCPermissionDenied, rpctypes.ErrGRPCInvalidAuthToken, rpctypes.ErrGRPCAuthFailed, rpctypes.ErrGRPCAuthOldRevision} {
+		if strings.Contains(msg, rpctypes.ErrorDesc(e)) {
+			return true
+		}
+	}
+	return false
+}
+
 // watchBackoff is the pause before making the prefix watch again after
-// failures watches in a row ended without being created (or broke once
-// created, for the first): watchRetryPause for the first three, then
-// doubling, up to 2s. A watch that breaks now and then is made again at
-// once; one that cannot be made (a missing right: see checkAccess) is
-// not retried 20 times a second.
+// failures refusals in a row (refused): watchRetryPause for up to three,
+// then doubling, up to 2s. A watch that breaks for another reason is made
+// again after watchRetryPause; one the cluster refuses is not retried 20
+// times a second.
 func watchBackoff(failures int) time.Duration {
 	const most = 2 * time.Second
 	if failures <= 3 {
