@@ -44,9 +44,9 @@ import (
 // (and the ones queued behind it) can take the handshake's round trips
 // times the client's ReadTimeout (about 9s with go-redis's defaults), and
 // so can Close, which needs the same lock. Watch waits for its SUBSCRIBE and the confirmation until
-// its context ends, or until a check finds that the server refuses the
-// SUBSCRIBE (see confirm: go-redis drops that error reply, so the
-// confirmation never comes); the clean-ups (the barrier's UNSUBSCRIBE, and that of a
+// its context ends, or until checks find that the server answers the
+// SUBSCRIBE with an error or never confirms it (see confirm: go-redis
+// drops error replies, so the confirmation never comes); the clean-ups (the barrier's UNSUBSCRIBE, and that of a
 // channel whose last watcher stopped) are not waited for. A clean-up that
 // fails leaves no subscription behind: go-redis drops the channel from the
 // set it re-subscribes before it writes the UNSUBSCRIBE, and a failed write
@@ -124,11 +124,13 @@ func New(client goredis.UniversalClient, barrier, name string) *Hub {
 // does not wait for the UNSUBSCRIBE to be sent. When ctx ends first, Watch
 // returns at once with an error that matches backend.ErrUnavailable and
 // ctx.Err(), and its subscription is undone in the background. When the
-// server refuses the SUBSCRIBE (NOPERM: the user may not use the channel
-// or the command), Watch returns an error that matches
+// server answers the SUBSCRIBE with an error (NOPERM: the user may not use
+// the channel or the command; BUSY), Watch returns an error that matches
 // backend.ErrUnavailable and wraps the server's reply (a goredis.Error),
 // once a check on a connection of its own has read it (see confirm): a
-// quarter of a second or so after the SUBSCRIBE.
+// quarter of a second or so after the SUBSCRIBE; when two checks find it
+// allowed but no confirmation has come, after about a second, an error
+// that matches backend.ErrUnavailable.
 func (h *Hub) Watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
 	w := make(chan struct{}, 1)
 
