@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -235,9 +236,16 @@ func parseURL(u *url.URL, base Options) (*goredis.Options, *Options, error) {
 	rest := *u
 	rest.RawQuery = q.Encode()
 	co, err := goredis.ParseURL(rest.String())
-	if err != nil {
-		// Bad values the checks above let through; go-redis's messages do
-		// not include the password, and begin with "redis: " already.
+	var ue *url.Error
+	switch {
+	case errors.As(err, &ue):
+		// Not err: a url.Error quotes the whole URL, password included.
+		// (rest parsed once already; not expected.)
+		return nil, nil, fmt.Errorf("%w: redis: the URL does not parse again once its parameters are taken (its text is not shown: it may hold a password)", backend.ErrInvalidConfig)
+	case err != nil:
+		// Bad values the checks above let through; go-redis's own
+		// messages name the parameter, not the URL, and begin with
+		// "redis: " already.
 		return nil, nil, fmt.Errorf("%w: %w", backend.ErrInvalidConfig, err)
 	}
 	co.DialTimeout = dialTimeout
