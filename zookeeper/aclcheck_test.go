@@ -14,8 +14,9 @@ import (
 	"github.com/dlock-go/dlock/zookeeper"
 )
 
-// TestACLEntriesChecked: acl= takes the schemes ZooKeeper knows, each with
-// an id of its form, and its errors name the entry's index and scheme,
+// TestACLEntriesChecked: acl= takes the schemes of ZooKeeper's own
+// providers, each with an id of its form, and other providers' (sasl) with
+// any id, and its errors name the entry's index and scheme,
 // never its text (a password typed where the digest belongs must not be
 // echoed) (issue 21 review, finding 4).
 func TestACLEntriesChecked(t *testing.T) {
@@ -23,13 +24,15 @@ func TestACLEntriesChecked(t *testing.T) {
 	for _, good := range []string{
 		"world:anyone:cdrwa", "digest:alice:" + alice + ":cdrwa", "auth::cdrwa",
 		"digest:alice:" + alice + ":cdrwa,ip:10.0.0.0/8:r", "ip:127.0.0.1:cdrwa", "ip:::1:cdrwa",
+		"auth::cdrwa,sasl:zkadmin@EXAMPLE.COM:cdrwa", // another provider's scheme: the server's to check
 	} {
 		if _, _, err := zookeeper.ParseURL(mustURL(t, "zk://alice:secret-a@h1?acl="+good)); err != nil {
 			t.Errorf("acl=%s: %v", good, err)
 		}
 	}
 	for _, bad := range []string{
-		"nosuch:alice:cdrwa",                     // unknown scheme
+		"nosuch::cdrwa",                          // no id
+		":alice:cdrwa",                           // no scheme
 		"world:foo:cdrwa",                        // world's id is anyone
 		"ip:notanip:cdrwa",                       // not an address or CIDR
 		"ip:10.0.0.0/99:cdrwa",                   // not a CIDR

@@ -257,7 +257,10 @@
 // could delete it and create it again with an ACL of its own, failing
 // every acquire. ZooKeeper refuses to delete a node with children, and
 // deleting the sentinel needs the delete right on the prefix. A prefix
-// deleted all the same is created again by the next acquire.
+// deleted all the same is created again by the next acquire, with that
+// Locker's ACL: consistent only when every Locker has the same ACL (the
+// same Options.ACL, or the same identity with the default); a prefix an
+// administrator made with an ACL of its own must be made again by them.
 //
 // Open checks the rights it needs without changing anything it need not:
 // it creates the prefix, its missing ancestors and the sentinel if
@@ -266,8 +269,10 @@
 // read; zk.ErrInvalidACL) fails Open with ErrInvalidConfig naming the
 // prefix and the user (never the password). An Options.ACL in which no
 // entry (world:anyone, auth, or the digest of Auth) gives this Locker read,
-// create and delete is refused before any I/O, unless an ip or x509 entry
-// may.
+// create and delete is refused before any I/O, unless an ip or x509
+// entry, or one of another provider's scheme (sasl), may. An identity with
+// read only (for dlock inspect, say) cannot open a Locker: every Locker
+// may acquire, and needs create and delete.
 //
 // Nodes that exist already keep their ACL: a prefix made before, by
 // someone else or without credentials, may stay open to all. At open, a

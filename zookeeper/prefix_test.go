@@ -87,7 +87,7 @@ func TestOpenRefusesUnusablePrefix(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		o    zookeeper.Options
-		user string
+		user string // or what the error says instead
 	}{
 		{"another identity's prefix", zookeeper.Options{Prefix: mallory, Auth: "alice:secret-a"}, "alice"},
 		{"anonymous, another identity's prefix", zookeeper.Options{Prefix: mallory}, "anonymous"},
@@ -96,6 +96,11 @@ func TestOpenRefusesUnusablePrefix(t *testing.T) {
 			ACL: zk.DigestACL(zk.PermAll, "alice", "secret-a")}, "anonymous"},
 		{"bob, an ACL for alice", zookeeper.Options{Prefix: uniquePrefix(), Auth: "bob:secret-b",
 			ACL: zk.DigestACL(zk.PermAll, "alice", "secret-a")}, "bob"},
+		// A scheme this server has no provider for passes the check
+		// before I/O (sasl is another provider's); the server refuses
+		// it, and that is ErrInvalidConfig too.
+		{"a scheme the server does not know", zookeeper.Options{Prefix: uniquePrefix(), Auth: "bob:secret-b",
+			ACL: append(zk.AuthACL(zk.PermAll), zk.ACL{Perms: zk.PermRead, Scheme: "nosuch", ID: "x"})}, "refuses the ACL"},
 	} {
 		l, err := openLocker(t.Context(), srv, &c.o)
 		if err == nil {

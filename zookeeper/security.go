@@ -23,9 +23,10 @@ import (
 const permLetters = "rwcda"
 
 // checkACL refuses an ACL the server would refuse or that could not work,
-// before any I/O: an entry of a scheme ZooKeeper does not know, with an id
-// not of its scheme's form (world: anyone; digest: user:<base64 of the
-// SHA-1 of user:password>; ip: an address or CIDR; x509: a name), with no
+// before any I/O: an entry without a scheme or an id, with an id not of
+// its scheme's form (world: anyone; digest: user:<base64 of the SHA-1 of
+// user:password>; ip: an address or CIDR; x509: a name; the schemes of
+// other providers, such as sasl, are the server's to check), with no
 // permission or one zk does not define, or of the auth scheme when there
 // are no credentials (auth means "the identities the creator
 // authenticated as"); or an ACL that gives this Locker (auth) no read,
@@ -86,7 +87,12 @@ func checkEntry(a zk.ACL, auth string) error {
 			return errors.New("no id (want the certificate's subject name)")
 		}
 	default:
-		return fmt.Errorf("want one of %s", strings.Join(schemes, ", "))
+		// Another authentication provider's (sasl, for Kerberos): the
+		// server refuses a scheme it does not know (ErrInvalidACL, an
+		// ErrInvalidConfig at open) and leaves the nodes untouched.
+		if a.Scheme == "" || a.ID == "" {
+			return fmt.Errorf("no scheme or no id (the schemes of ZooKeeper's own providers are %s)", strings.Join(schemes, ", "))
+		}
 	}
 	return nil
 }
@@ -94,8 +100,9 @@ func checkEntry(a zk.ACL, auth string) error {
 // mayUse reports whether acl may give a client authenticated as auth
 // (user:password, or "" for none) read, create and delete: entries for
 // world:anyone, for auth (the creator's identities) and for auth's digest
-// certainly apply to it; ip and x509 entries may, so an ACL that has one
-// is given the benefit of the doubt (the server's answer at open decides).
+// certainly apply to it; ip and x509 entries, and those of schemes of
+// other providers (sasl), may, so an ACL that has one is given the benefit
+// of the doubt (the server's answer at open decides).
 func mayUse(acl []zk.ACL, auth string) bool {
 	const need = zk.PermRead | zk.PermCreate | zk.PermDelete
 	var mine string
@@ -105,7 +112,7 @@ func mayUse(acl []zk.ACL, auth string) bool {
 	var have int32
 	for _, a := range acl {
 		switch {
-		case a.Scheme == "ip" || a.Scheme == "x509":
+		case !slices.Contains(schemes, a.Scheme) || a.Scheme == "ip" || a.Scheme == "x509":
 			return true
 		case a.Scheme == "world" && a.ID == "anyone", a.Scheme == "auth" && auth != "",
 			a.Scheme == "digest" && mine != "" && a.ID == mine:

@@ -875,9 +875,11 @@ func (d *Driver) createProtected(parent, guid string) (path string, maybe bool, 
 			_, cerr := d.conn.CreateContainer(parent, nil, zk.FlagContainer, d.acl)
 			if errors.Is(cerr, zk.ErrNoNode) && !restored {
 				// The prefix itself is gone (deleted by a
-				// client allowed to): create it again, once.
-				restored = true
+				// client allowed to): create it again, once
+				// (a try cut by a connection loss does not
+				// count: again retries it).
 				cerr = d.ensurePrefix(d.ctx)
+				restored = cerr == nil || !(connLost(cerr) || errors.Is(cerr, zk.ErrNoServer))
 			}
 			if cerr != nil && !errors.Is(cerr, zk.ErrNodeExists) {
 				if aerr := d.again(d.ctx, cerr, false); aerr != nil {

@@ -11,6 +11,8 @@ package urlparam
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -188,17 +190,32 @@ type DialRecorder struct {
 
 // Note records err, if it is not nil, as the last dial error. A dial cut
 // short by its context (Open's deadline ending a retry) does not replace
-// an error that says why the dials failed ("connection refused").
+// an error that says why the dials failed ("connection refused"), and no
+// other error replaces a certificate that did not verify (the one a user
+// must act on: with one server down and a wrong CA, the refused dials to
+// the down one would otherwise hide it half the time).
 func (r *DialRecorder) Note(err error) {
 	if err == nil {
 		return
 	}
 	cut := errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 	r.mu.Lock()
-	if !cut || r.last == nil {
+	switch {
+	case r.last == nil, certErr(err):
+		r.last = err
+	case !cut && !certErr(r.last):
 		r.last = err
 	}
 	r.mu.Unlock()
+}
+
+// certErr reports whether err is a server certificate that did not verify.
+func certErr(err error) bool {
+	var cv *tls.CertificateVerificationError
+	var ua x509.UnknownAuthorityError
+	var he x509.HostnameError
+	var ci x509.CertificateInvalidError
+	return errors.As(err, &cv) || errors.As(err, &ua) || errors.As(err, &he) || errors.As(err, &ci)
 }
 
 // Last returns the last dial error recorded, or nil.

@@ -2,6 +2,9 @@ package urlparam_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"net"
 	"strings"
 	"testing"
@@ -37,5 +40,25 @@ func TestDialRecorderKeepsCauseOverCancellation(t *testing.T) {
 	only.Note(canceled)
 	if only.Last() == nil {
 		t.Error("a cancelled dial, the only one, was not recorded")
+	}
+}
+
+// A certificate that did not verify stays the last dial error: refused
+// dials to another server (one down, while the CA is wrong) and cancelled
+// ones do not hide it; a later certificate error replaces it.
+func TestDialRecorderKeepsCertificateError(t *testing.T) {
+	bad := &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}
+	var r urlparam.DialRecorder
+	r.Note(errors.New("dial tcp [::1]:2281: connect: connection refused"))
+	r.Note(bad)
+	r.Note(errors.New("dial tcp [::1]:2281: connect: connection refused"))
+	r.Note(context.Canceled)
+	if last := r.Last(); last != bad {
+		t.Errorf("last dial error %v; want the certificate's", last)
+	}
+	other := &tls.CertificateVerificationError{Err: x509.HostnameError{Host: "zk1"}}
+	r.Note(other)
+	if last := r.Last(); last != other {
+		t.Errorf("last dial error %v; want the latest certificate error", last)
 	}
 }
