@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/dlock-go/dlock/backend"
 )
@@ -56,12 +57,30 @@ type OpError struct {
 }
 
 // Error returns, for example, `dlock: acquire "orders/42": lock not acquired: context deadline exceeded`.
+// A key longer than 64 bytes is shown by its first 64 (cut on a character
+// boundary) and its length: `dlock: acquire "aaaa…" (2000 bytes): ...`.
 func (e *OpError) Error() string {
 	msg := strings.TrimPrefix(e.Err.Error(), "dlock: ")
 	if e.Key == "" {
 		return "dlock: " + e.Op + ": " + msg
 	}
-	return "dlock: " + e.Op + " " + strconv.Quote(e.Key) + ": " + msg
+	return "dlock: " + e.Op + " " + quoteKey(e.Key) + ": " + msg
+}
+
+// maxKeyShown is how many bytes of a key an error shows.
+const maxKeyShown = 64
+
+// quoteKey quotes key for an error, cut to maxKeyShown bytes with an
+// ellipsis and its length if it is longer.
+func quoteKey(key string) string {
+	if len(key) <= maxKeyShown {
+		return strconv.Quote(key)
+	}
+	cut := maxKeyShown
+	for i := 0; i < utf8.UTFMax-1 && !utf8.RuneStart(key[cut]); i++ {
+		cut-- // do not split a character
+	}
+	return strconv.Quote(key[:cut]+"…") + " (" + strconv.Itoa(len(key)) + " bytes)"
 }
 
 // Unwrap returns the cause.

@@ -446,7 +446,7 @@ func (d *Driver) lockKey(key string) string {
 // [backend.ErrInvalidKey].
 func (d *Driver) ValidateKey(key string) error {
 	if strings.HasPrefix(key, "}") {
-		return fmt.Errorf("%w: redis: key %q begins with '}' (it would make an empty Cluster hash tag)", backend.ErrInvalidKey, key)
+		return fmt.Errorf("%w: redis: the key begins with '}' (it would make an empty Cluster hash tag)", backend.ErrInvalidKey)
 	}
 	return nil
 }
