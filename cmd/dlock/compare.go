@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -80,28 +78,13 @@ const cmpHistoryCap = 2000
 const cmpKeysLimit = 10
 
 func runCompare(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
+	fs := newFlagSet("compare", compareUsage)
 	duration := fs.Duration("duration", 10*time.Second, "total time of the workload, split across backends and phases")
 	prefix := fs.String("prefix", "dlock-compare", "key prefix for every key the workload uses")
 	asJSON := fs.Bool("json", false, "print the results as JSON")
 	rawURL, purpose := backendFlags(fs)
-	// The usage goes to standard output for -h, else (a bad flag, after
-	// the flag package's error) to standard error.
-	var help bytes.Buffer
-	fs.Usage = func() {
-		fs.SetOutput(&help)
-		fmt.Fprint(&help, compareUsage)
-		fs.PrintDefaults()
-		fs.SetOutput(e.stderr)
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			e.stdout.Write(help.Bytes())
-			return exitOK
-		}
-		e.stderr.Write(help.Bytes())
-		return exitUsage
+	if status, ok := parseFlags(e, "compare", fs, args); !ok {
+		return status
 	}
 	usageErr := func(format string, a ...any) int { return usageFail(e, "compare", format, a...) }
 	if *duration <= 0 {

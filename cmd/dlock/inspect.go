@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"strconv"
 	"strings"
@@ -59,16 +58,11 @@ type inspectJSON struct {
 
 // inspectCmd is dlock inspect.
 func inspectCmd(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("dlock inspect", flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), inspectUsage)
-		fs.PrintDefaults()
-	}
+	fs := newFlagSet("inspect", inspectUsage)
 	rawURL, purpose := backendFlags(fs)
 	asJSON := fs.Bool("json", false, "print one JSON object: key, held, token, ttl_seconds, waiters (null when unknown)")
 	timeout := fs.Duration("timeout", inspectDefaultTimeout, "give up after this `duration` (opening the backend and reading)")
-	if status, ok := parseFlags(e, fs, args); !ok {
+	if status, ok := parseFlags(e, "inspect", fs, args); !ok {
 		return status
 	}
 	usageErr := func(format string, a ...any) int { return usageFail(e, "inspect", format, a...) }

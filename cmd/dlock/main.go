@@ -128,11 +128,27 @@ Use "dlock help <command>" or "dlock <command> -h" for more about a command.
 `)
 }
 
-// parseFlags parses args into fs (made with flag.ContinueOnError). ok is
-// false when the command ends there, with status: -h printed the usage on
-// standard output (exitOK), or the flag package printed the error and the
-// usage (exitUsage).
-func parseFlags(e *env, fs *flag.FlagSet, args []string) (status int, ok bool) {
+// newFlagSet returns the flag set of dlock NAME, whose usage is text
+// followed by the flags' defaults. Parse it with parseFlags.
+func newFlagSet(name, text string) *flag.FlagSet {
+	fs := flag.NewFlagSet("dlock "+name, flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), text)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags parses args into fs (made by newFlagSet for dlock NAME). ok
+// is false when the command ends there, with status: help asked for (-h,
+// --help) printed the usage once, on standard output (exitOK); a bad flag
+// is a usage error, reported once on standard error as every other one is
+// (usageFail: exitUsage).
+func parseFlags(e *env, name string, fs *flag.FlagSet, args []string) (status int, ok bool) {
+	// The flag package prints the error and the usage itself on a failure
+	// (and the usage alone for -h): silenced here, each case is printed
+	// once below.
+	fs.SetOutput(io.Discard)
 	err := fs.Parse(args)
 	switch {
 	case err == nil:
@@ -142,7 +158,7 @@ func parseFlags(e *env, fs *flag.FlagSet, args []string) (status int, ok bool) {
 		fs.Usage()
 		return exitOK, false
 	}
-	return exitUsage, false
+	return usageFail(e, name, "%v", err), false
 }
 
 // printable is s with every rune that is not printable (control

@@ -75,12 +75,7 @@ Flags:
 
 // runCmd is dlock run.
 func runCmd(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("dlock run", flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), runUsage)
-		fs.PrintDefaults()
-	}
+	fs := newFlagSet("run", runUsage)
 	rawURL, purpose := backendFlags(fs)
 	ttl := fs.Duration("ttl", runDefaultTTL, "the lease's `TTL`, refreshed every TTL/3 (overrides the URL's ttl parameter)")
 	wait := fs.Duration("wait", runDefaultWait, "give up (exit 75) if the lock is not acquired within this `duration`; 0: wait as long as it takes")
@@ -88,7 +83,7 @@ func runCmd(ctx context.Context, e *env, args []string) int {
 	grace := fs.Duration("grace", runDefaultGrace, "after a lost lease, the `time` between SIGTERM and SIGKILL to the command")
 	maxHold := fs.Duration("max-hold", 0, "stop refreshing the lease this long after it was acquired, so that it runs out\n"+
 		"and the command is stopped (exit 124); 0: refresh for as long as the command runs")
-	if status, ok := parseFlags(e, fs, args); !ok {
+	if status, ok := parseFlags(e, "run", fs, args); !ok {
 		return status
 	}
 	usageErr := func(format string, a ...any) int { return usageFail(e, "run", format, a...) }

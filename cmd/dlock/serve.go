@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -72,15 +71,10 @@ Flags:
 `
 
 func serve(ctx context.Context, e *env, args []string) int {
-	fs := flag.NewFlagSet("dlock serve", flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), serveUsage)
-		fs.PrintDefaults()
-	}
+	fs := newFlagSet("serve", serveUsage)
 	data := fs.String("data", "", "keep etcd's data in `DIR` (default: dlock/serve in the user's cache directory)")
 	listen := fs.String("listen", serveDefaultListen, "serve clients on this loopback `address`")
-	if status, ok := parseFlags(e, fs, args); !ok {
+	if status, ok := parseFlags(e, "serve", fs, args); !ok {
 		return status
 	}
 	if fs.NArg() > 0 {
