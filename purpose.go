@@ -81,28 +81,38 @@ type Config struct {
 	Mux *URLMux `json:"-"`
 }
 
+// The environment variables ConfigFromEnv reads.
+const (
+	efficiencyEnv  = "DLOCK_EFFICIENCY_URL"
+	correctnessEnv = "DLOCK_CORRECTNESS_URL"
+)
+
 // ConfigFromEnv reads a Config from DLOCK_EFFICIENCY_URL and
-// DLOCK_CORRECTNESS_URL (Mux nil: the default mux).
+// DLOCK_CORRECTNESS_URL (Mux nil: the default mux). A variable that is
+// unset or empty leaves its purpose without a URL: [Config.Open] of it
+// fails with an error that names both variables.
 func ConfigFromEnv() Config {
-	return Config{Efficiency: os.Getenv("DLOCK_EFFICIENCY_URL"), Correctness: os.Getenv("DLOCK_CORRECTNESS_URL")}
+	return Config{Efficiency: os.Getenv(efficiencyEnv), Correctness: os.Getenv(correctnessEnv)}
 }
 
 // Open opens the Locker for purpose p: the URL configured for it, opened
 // with purpose=p by c.Mux (default [DefaultURLMux]), so that the mux
 // refuses a backend that cannot serve it.
-// A purpose without a URL is an error wrapping ErrInvalidConfig.
+// A purpose without a URL is an error wrapping ErrInvalidConfig, which
+// names the field and the environment variables of [ConfigFromEnv].
 func (c Config) Open(ctx context.Context, p Purpose) (*Locker, error) {
-	var raw string
+	var raw, field string
 	switch p {
 	case Efficiency:
-		raw = c.Efficiency
+		raw, field = c.Efficiency, "Efficiency"
 	case Correctness:
-		raw = c.Correctness
+		raw, field = c.Correctness, "Correctness"
 	default:
 		return nil, opErr("open", "", fmt.Errorf("%w: unknown purpose %q (want %q or %q)", ErrInvalidConfig, string(p), Efficiency, Correctness))
 	}
 	if raw == "" {
-		return nil, opErr("open", "", fmt.Errorf("%w: no URL configured for purpose %q", ErrInvalidConfig, p))
+		return nil, opErr("open", "", fmt.Errorf("%w: no URL configured for purpose %q (Config.%s is empty; ConfigFromEnv reads %s and %s)",
+			ErrInvalidConfig, p, field, efficiencyEnv, correctnessEnv))
 	}
 	mux := c.Mux
 	if mux == nil {

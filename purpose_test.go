@@ -84,3 +84,23 @@ func TestConfigOpen(t *testing.T) {
 		t.Errorf("ConfigFromEnv().Correctness = %q", got)
 	}
 }
+
+// TestConfigFromEnvUnset: with neither variable set, opening either
+// purpose fails before any I/O with an error that names both variables
+// ConfigFromEnv reads.
+func TestConfigFromEnvUnset(t *testing.T) {
+	t.Setenv("DLOCK_EFFICIENCY_URL", "")
+	t.Setenv("DLOCK_CORRECTNESS_URL", "")
+	c := dlock.ConfigFromEnv()
+	for _, p := range []dlock.Purpose{dlock.Efficiency, dlock.Correctness} {
+		_, err := c.Open(t.Context(), p)
+		if !errors.Is(err, dlock.ErrInvalidConfig) {
+			t.Fatalf("ConfigFromEnv().Open(%q) with nothing set = %v, want ErrInvalidConfig", p, err)
+		}
+		for _, v := range []string{"DLOCK_EFFICIENCY_URL", "DLOCK_CORRECTNESS_URL"} {
+			if !strings.Contains(err.Error(), v) {
+				t.Errorf("ConfigFromEnv().Open(%q) with nothing set = %v, want it to name %s", p, err, v)
+			}
+		}
+	}
+}
