@@ -150,7 +150,9 @@ type AcquireOptions struct {
 	// rounds TTLs up, see Limits.Resolution), so a stuck holder cannot keep
 	// the lock forever; the lease then expires and Done fires. It must be
 	// at least the TTL as the backend grants it. Default
-	// DefaultMaxHoldFactor × TTL. Ignored without AutoRefresh.
+	// DefaultMaxHoldFactor × TTL. Without AutoRefresh it bounds nothing,
+	// but it is checked all the same: a negative MaxHold is refused
+	// (ErrInvalidConfig) with or without AutoRefresh.
 	MaxHold time.Duration
 }
 
