@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
 )
 
 func init() {
@@ -79,6 +80,9 @@ func inspectCmd(ctx context.Context, e *env, args []string) int {
 		*rawURL, key = rest[0], rest[1]
 	default:
 		return usageErr("too many arguments: want [URL] KEY (flags go first)")
+	}
+	if err := backend.ValidateKey(key); err != nil {
+		return usageErr("%s", keyErr(key, err))
 	}
 	if *timeout <= 0 {
 		return usageErr("--timeout %v: want a positive duration", *timeout)

@@ -183,6 +183,13 @@ func printable(s string) string {
 
 func notPrintable(r rune) bool { return r != ' ' && !strconv.IsPrint(r) }
 
+// keyErr is the message for key, refused by err (the library's key check,
+// backend.ValidateKey, made before the backend is opened): for example
+// `key "": invalid key: empty`.
+func keyErr(key string, err error) string {
+	return fmt.Sprintf("key %q: %s", key, strings.TrimPrefix(err.Error(), "dlock: "))
+}
+
 // usageFail prints "dlock NAME: message" and where to find the usage on
 // standard error, and returns exitUsage.
 func usageFail(e *env, name, format string, a ...any) int {

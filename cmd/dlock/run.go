@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
 )
 
 func init() {
@@ -99,6 +100,9 @@ func runCmd(ctx context.Context, e *env, args []string) int {
 	argv := rest[1:]
 	if len(argv) == 0 {
 		return usageErr("missing COMMAND after --")
+	}
+	if err := backend.ValidateKey(key); err != nil {
+		return usageErr("%s", keyErr(key, err))
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
