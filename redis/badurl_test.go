@@ -33,6 +33,11 @@ var badURLs = []urltest.Case{
 	{URL: "redis://ADDR?skip_verify=true", Want: dlock.ErrInvalidConfig, Text: `unknown parameter "skip_verify"`},
 	{URL: "rediss://ADDR?pool_size=-1", Want: dlock.ErrInvalidConfig, Text: "pool_size"},
 	{URL: "redis://ADDR?ttl=0s", Want: dlock.ErrInvalidConfig, Text: "ttl"},
+	// A TTL that WAIT could outlast (issue 22): refused at open, not at
+	// the first acquire.
+	{URL: "redis://ADDR?wait_replicas=1&wait_timeout=1s&ttl=500ms", Want: dlock.ErrInvalidConfig, Text: "TTL 500ms (ttl) is not longer than WaitTimeout 1s (wait_timeout)"},
+	{URL: "redis://ADDR?wait_replicas=1&wait_timeout=1s&ttl=1s", Want: dlock.ErrInvalidConfig, Text: "TTL 1s (ttl) is not longer than WaitTimeout 1s (wait_timeout)"},
+	{URL: "redis://ADDR?wait_replicas=1&wait_timeout=40s&read_timeout=60s", Want: dlock.ErrInvalidTTL, Text: "TTL 30s (ttl) is not longer than WaitTimeout 40s (wait_timeout)"},
 }
 
 func TestOpenBadURLs(t *testing.T) { urltest.Rejected(t, badURLs) }

@@ -189,9 +189,11 @@
 // have prevented). WaitReplicas is refused for a Cluster client, whose
 // pipelines split commands by key slot: WAIT has no key, so it cannot be
 // made to run on the connection that wrote the lock. An acquire's TTL must
-// be longer than WaitTimeout, and WaitTimeout must be below the client's
-// ReadTimeout ([New] refuses it otherwise): a WAIT reply later than the
-// read deadline would make go-redis resend the whole pipeline. A resent
+// be longer than WaitTimeout ([New] and Open refuse a Locker TTL that is
+// not, before any I/O; an acquire asking for one fails with
+// ErrInvalidTTL), and WaitTimeout must be below the client's ReadTimeout
+// ([New] refuses it otherwise): a WAIT reply later than the read deadline
+// would make go-redis resend the whole pipeline. A resent
 // acquire script that finds the lock already its own writes the counter
 // again (the same value), so that the resent WAIT still waits until the
 // replicas have the lock: since Redis 7.2, WAIT counts only the writes of

@@ -99,10 +99,12 @@ type Options struct {
 	// 0 (do not wait).
 	WaitReplicas int
 	// WaitTimeout is how long WAIT blocks for the replicas. It must be
-	// below the client's ReadTimeout (go-redis's default is 5 s): New
-	// refuses a WaitTimeout that is not, with an error wrapping
-	// [backend.ErrInvalidConfig]. Default [DefaultWaitTimeout] (1 s);
-	// ignored when WaitReplicas is 0.
+	// below the client's ReadTimeout (go-redis's default is 5 s), and
+	// the Locker's TTL (Locker.TTL, default dlock.DefaultTTL) must exceed
+	// it: New refuses a WaitTimeout that is not, before any I/O, with an
+	// error wrapping [backend.ErrInvalidConfig] (and ErrInvalidTTL for the
+	// TTL). Default [DefaultWaitTimeout] (1 s); ignored when WaitReplicas
+	// is 0.
 	WaitTimeout time.Duration
 
 	// FenceRetention bounds the fencing counter keys: a grant whose token
@@ -125,8 +127,8 @@ type Options struct {
 	// retry bounds, ...). Default nil (dlock's defaults). Its Logger also
 	// receives the backend's warnings (eviction policy, CONFIG
 	// unavailable, a right that could not be checked, a release that
-	// could not be published; default slog.Default()): the one field
-	// NewDriver reads.
+	// could not be published; default slog.Default()). NewDriver reads
+	// that field, and TTL (checked against WaitTimeout).
 	Locker *dlock.Options
 }
 
@@ -235,6 +237,16 @@ func newDriver(client goredis.UniversalClient, opts *Options) (*Driver, error) {
 				"the WAIT reply would time out the read, and go-redis would resend the acquire and WAIT; "+
 				"lower WaitTimeout (wait_timeout) or raise ReadTimeout (read_timeout)",
 				backend.ErrInvalidConfig, o.WaitTimeout, rt)
+		}
+		// Every acquire's TTL must exceed WaitTimeout: check the Locker's
+		// default TTL now rather than at the first acquire.
+		ttl := dlock.DefaultTTL
+		if o.Locker != nil && o.Locker.TTL > 0 {
+			ttl = o.Locker.TTL
+		}
+		if ttl <= o.WaitTimeout {
+			return nil, fmt.Errorf("%w (%w): redis: the Locker's TTL %v (ttl) is not longer than WaitTimeout %v (wait_timeout): "+
+				"a lock could expire while WAIT blocks for the replicas", backend.ErrInvalidConfig, backend.ErrInvalidTTL, ttl, o.WaitTimeout)
 		}
 	}
 	switch o.EvictionCheck {

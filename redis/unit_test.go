@@ -194,6 +194,26 @@ func TestWaitTimeoutBoundsTTL(t *testing.T) {
 	}
 }
 
+// TestWaitTimeoutBoundsLockerTTL: a Locker TTL that WAIT could outlast is
+// refused by New before any I/O (the client's address refuses
+// connections), with an error that matches ErrInvalidConfig and
+// ErrInvalidTTL and names both settings; a longer one is not.
+func TestWaitTimeoutBoundsLockerTTL(t *testing.T) {
+	client := goredis.NewClient(&goredis.Options{Addr: unreachable})
+	defer client.Close()
+	for _, ttl := range []time.Duration{500 * time.Millisecond, time.Second} {
+		_, err := redis.New(t.Context(), client, &redis.Options{WaitReplicas: 1, WaitTimeout: time.Second, Locker: &dlock.Options{TTL: ttl}})
+		if !errors.Is(err, dlock.ErrInvalidConfig) || !errors.Is(err, dlock.ErrInvalidTTL) || errors.Is(err, dlock.ErrUnavailable) {
+			t.Errorf("New with Locker TTL %v and WaitTimeout 1s = %v, want ErrInvalidConfig and ErrInvalidTTL before any I/O", ttl, err)
+		} else if !strings.Contains(err.Error(), "TTL") || !strings.Contains(err.Error(), "WaitTimeout") {
+			t.Errorf("New with Locker TTL %v and WaitTimeout 1s = %v, want it to name TTL and WaitTimeout", ttl, err)
+		}
+	}
+	if _, err := redis.NewDriverNoIO(client, &redis.Options{WaitReplicas: 1, WaitTimeout: time.Second, Locker: &dlock.Options{TTL: 1001 * time.Millisecond}}); err != nil {
+		t.Errorf("NewDriver with Locker TTL 1.001s and WaitTimeout 1s = %v, want no error before the I/O", err)
+	}
+}
+
 func TestGuarantees(t *testing.T) {
 	client := goredis.NewClient(&goredis.Options{Addr: unreachable})
 	defer client.Close()
