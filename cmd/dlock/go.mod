@@ -9,6 +9,7 @@ require (
 	github.com/dlock-go/dlock/redis v0.1.0
 	github.com/dlock-go/dlock/redlock v0.1.0
 	github.com/dlock-go/dlock/zookeeper v0.1.0
+	github.com/redis/go-redis/v9 v9.23.0
 	go.etcd.io/etcd/server/v3 v3.7.3
 )
 
@@ -37,7 +38,6 @@ require (
 	github.com/prometheus/client_model v0.6.2 // indirect
 	github.com/prometheus/common v0.67.5 // indirect
 	github.com/prometheus/procfs v0.16.1 // indirect
-	github.com/redis/go-redis/v9 v9.23.0 // indirect
 	github.com/sirupsen/logrus v1.9.4 // indirect
 	github.com/soheilhy/cmux v0.1.5 // indirect
 	github.com/spf13/pflag v1.0.10 // indirect

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -202,5 +203,24 @@ func TestDescribe(t *testing.T) {
 	}
 	if got := describe("a b", dlock.LockInfo{}); got != `KEY "a b" free` {
 		t.Errorf("describe of a key with a space = %q", got)
+	}
+}
+
+// TestRedisClientLogSilenced: when a Redis server cannot be reached,
+// standard error holds dlock's error alone, not go-redis's own log lines
+// ("redis: ... pool.go:770: ... failed to dial"), which came first (issue
+// 22).
+func TestRedisClientLogSilenced(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // a port nobody listens on
+	out, errOut, code := runInspect(t, []string{"DLOCK_URL="}, "inspect", "--timeout", "20s", "--url", "redis://"+addr, "k")
+	lines := strings.Split(strings.TrimSuffix(errOut, "\n"), "\n")
+	if code != exitFailure || out != "" || len(lines) != 1 || !strings.HasPrefix(lines[0], "dlock inspect: opening redis://"+addr) ||
+		strings.Contains(errOut, "pool.go") {
+		t.Errorf("status %d, stdout %q, stderr %q; want 1 and dlock's error alone, one line", code, out, errOut)
 	}
 }

@@ -33,9 +33,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
+
+	goredis "github.com/redis/go-redis/v9"
 )
 
 // Exit statuses (see the package documentation).
@@ -70,8 +73,26 @@ var commands []*command // filled in by each command's file (init)
 func register(c *command) { commands = append(commands, c) }
 
 func main() {
+	// go-redis logs to standard error on its own (a pool that fails to
+	// dial prints "redis: ... pool.go:770: ... failed to dial" several
+	// times), ahead of dlock's error, which already says why. Its global
+	// logger is a program's to set, never a library's: dlock sends its
+	// lines to slog at the debug level, which nothing enables by default.
+	goredis.SetLogger(redisLogger{})
 	e := &env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
 	os.Exit(dispatch(context.Background(), e, os.Args[1:]))
+}
+
+// redisLogger is go-redis's logger in dlock: its lines go to slog's
+// default logger at the debug level.
+type redisLogger struct{}
+
+// Printf logs the line at the debug level, formatted only if that level is
+// enabled.
+func (redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	if l := slog.Default(); l.Enabled(ctx, slog.LevelDebug) {
+		l.DebugContext(ctx, "go-redis: "+strings.TrimSuffix(fmt.Sprintf(format, v...), "\n"))
+	}
 }
 
 func dispatch(ctx context.Context, e *env, args []string) int {
