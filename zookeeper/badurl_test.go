@@ -45,6 +45,11 @@ var badURLs = []urltest.Case{
 	{URL: "zk://ADDR?tick_time=10000h", Want: dlock.ErrInvalidConfig, Text: `tick_time="10000h"`},
 	{URL: "zk://ADDR?tick_time=2", Want: dlock.ErrInvalidConfig, Text: `tick_time="2"`},
 	{URL: "zk://ADDR?tick_time=", Want: dlock.ErrInvalidConfig, Text: "tick_time"},
+	// A ttl above what the session timeout allows, two thirds of it less
+	// a tick (issue 22): refused at open, not after connecting.
+	{URL: "zk://ADDR?session_timeout=5s&ttl=4s", Want: dlock.ErrInvalidConfig, Text: "TTL 4s (ttl) is above 1.333333334s, the longest a session timeout of 5s (session_timeout) allows with a tick of 2s (tick_time)"},
+	{URL: "zk://ADDR?ttl=30s", Want: dlock.ErrInvalidTTL, Text: "TTL 30s (ttl) is above 24.666666667s, the longest a session timeout of 40s (session_timeout)"},
+	{URL: "zk://ADDR?session_timeout=10s&tick_time=1s&ttl=5668ms", Want: dlock.ErrInvalidConfig, Text: "(session_timeout) allows with a tick of 1s (tick_time)"},
 	{URL: "zk://ADDR?bogus=1", Want: dlock.ErrInvalidConfig, Text: `unknown parameter "bogus" (known: acl, ca, cert, dial_timeout, key, server_name, session_timeout, tick_time, ttl)`},
 }
 

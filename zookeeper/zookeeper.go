@@ -92,7 +92,10 @@ type Options struct {
 	// DefaultSessionTimeout (40s, the maximum of a default server); from
 	// 1ms to 2^31-1 ms (about 596h), what the client library can send.
 	// Lease TTLs may not exceed two thirds of the negotiated value less
-	// TickTime; see "How long the session lives" in the package doc.
+	// TickTime; see "How long the session lives" in the package doc. A
+	// Locker TTL (Locker.TTL) above that bound of the timeout asked is
+	// refused before any I/O (unless the timeout is below two ticks,
+	// which servers raise).
 	SessionTimeout time.Duration
 	// TickTime is the servers' tickTime: set it if yours differ from
 	// ZooKeeper's default. Default DefaultTickTime (2s); from 1ms to
@@ -186,9 +189,10 @@ type Driver struct {
 // it is about 24.67s; see dlock.Options.TTL), whose Logger the backend logs
 // to as well. Closing the Locker closes the session, which deletes every
 // lock node it still owns. Errors wrap [backend.ErrInvalidConfig] (bad
-// options, opts.Locker included, before any I/O; or a granted session
-// timeout too short for the tick, see [Driver.Limits]) or
-// [backend.ErrUnavailable].
+// options, opts.Locker included, before any I/O, among them a Locker TTL
+// above the bound of the session timeout asked, which wraps
+// [backend.ErrInvalidTTL] too; or a granted session timeout too short for
+// the tick, see [Driver.Limits]) or [backend.ErrUnavailable].
 func New(ctx context.Context, servers []string, opts *Options) (*dlock.Locker, error) {
 	var lo *dlock.Options
 	if opts != nil {
@@ -238,6 +242,13 @@ func newDriver(ctx context.Context, servers []string, opts *Options, hooks *dial
 		return nil, fmt.Errorf("%w: zookeeper: SessionTimeout %v: want %v up to %v", backend.ErrInvalidConfig, o.SessionTimeout, minSessionTimeout, maxSessionTimeout)
 	case o.TickTime < minTickTime || o.TickTime > maxTickTime:
 		return nil, fmt.Errorf("%w: zookeeper: TickTime %v: want the servers' tickTime, %v up to %v", backend.ErrInvalidConfig, o.TickTime, minTickTime, maxTickTime)
+	case o.Locker != nil && o.SessionTimeout >= 2*o.TickTime && o.Locker.TTL > maxTTL(o.SessionTimeout, o.TickTime):
+		// The bound of the timeout asked; servers may negotiate it
+		// down, checked once the session is granted (a timeout below
+		// two ticks, which they raise, is left to that check).
+		return nil, fmt.Errorf("%w (%w): zookeeper: the Locker's TTL %v (ttl) is above %v, the longest a session timeout of %v (session_timeout) "+
+			"allows with a tick of %v (tick_time): two thirds of the session less a tick (see Driver.Limits)",
+			backend.ErrInvalidConfig, backend.ErrInvalidTTL, o.Locker.TTL, maxTTL(o.SessionTimeout, o.TickTime), o.SessionTimeout, o.TickTime)
 	case checkPrefix(o.Prefix) != nil:
 		return nil, checkPrefix(o.Prefix)
 	case o.Auth != "" && !strings.Contains(o.Auth, ":"):

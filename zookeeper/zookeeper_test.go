@@ -40,6 +40,27 @@ func TestParseURL(t *testing.T) {
 	}
 }
 
+// TestTTLAboveSessionRefusedBeforeIO: a Locker TTL above the bound of
+// the session timeout asked is refused before any dial (the server's
+// address refuses connections), with an error that matches
+// ErrInvalidConfig and ErrInvalidTTL and names both settings. A session
+// timeout below two ticks, which the servers raise, is left to the check
+// once the session is granted.
+func TestTTLAboveSessionRefusedBeforeIO(t *testing.T) {
+	o := &zookeeper.Options{SessionTimeout: 5 * time.Second, TickTime: time.Second, Locker: &dlock.Options{TTL: 3 * time.Second}}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	_, err := zookeeper.New(ctx, []string{"127.0.0.1:1"}, o)
+	if !errors.Is(err, dlock.ErrInvalidConfig) || !errors.Is(err, dlock.ErrInvalidTTL) || errors.Is(err, dlock.ErrUnavailable) {
+		t.Fatalf("New with TTL 3s on a 5s session and a 1s tick = %v, want ErrInvalidConfig and ErrInvalidTTL before any I/O", err)
+	}
+	for _, name := range []string{"TTL 3s", "session timeout of 5s", "tick of 1s"} {
+		if !strings.Contains(err.Error(), name) {
+			t.Errorf("New with TTL 3s on a 5s session and a 1s tick = %v, want it to name %q", err, name)
+		}
+	}
+}
+
 func TestBadOptions(t *testing.T) {
 	for _, o := range []zookeeper.Options{
 		{Prefix: "dlock"}, {Prefix: "/dlock/"}, {Prefix: "/a//b"}, {Auth: "nopassword"}, {SessionTimeout: -time.Second},
