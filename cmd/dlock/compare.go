@@ -51,7 +51,10 @@ is refused if the backend cannot serve it. The workload:
 
 The whole run takes about --duration, split across the backends and
 their phases, plus the time to open and close them. A progress line is
-shown on standard error when it is a terminal.
+shown on standard error when it is a terminal. Interrupted (^C or
+SIGTERM), compare stops, releases every lease and prints the figures so
+far: a phase that never ran is "-" (null in --json), and a backend never
+reached is listed as such ("not reached: interrupted").
 
 Compare never touches keys outside --prefix: it rewrites each URL so that
 every key lives under it (the prefix parameter of redis and redlock URLs,
@@ -195,15 +198,18 @@ func runCompare(ctx context.Context, e *env, args []string) int {
 	var results []*cmpResult
 	failed := false
 	for i, t := range targets {
+		if ctx.Err() != nil {
+			r := t.result()
+			r.NotReached = "interrupted"
+			results = append(results, r)
+			continue
+		}
 		r := t.run(ctx, per, len(targets), func(phase string) {
 			pr.show("[%d/%d] %s: %s", i+1, len(targets), t.name, phase)
 		})
 		results = append(results, r)
 		if len(r.Errors) > 0 {
 			failed = true
-		}
-		if ctx.Err() != nil {
-			break
 		}
 	}
 	pr.done()
@@ -254,15 +260,20 @@ type cmpReport struct {
 	Backends []*cmpResult `json:"backends"`
 }
 
-// cmpResult is one backend's row.
+// cmpResult is one backend's row. A phase that never ran (the run was
+// interrupted before it) is nil: not measured, "-" in the table, null in
+// JSON.
 type cmpResult struct {
-	URL        string        `json:"url"`
-	Guarantees cmpGuarantees `json:"guarantees"`
-	Single     cmpThroughput `json:"uncontended_1"`
-	Many       cmpThroughput `json:"uncontended_16"`
-	Contended  cmpContended  `json:"contended"`
-	Pause      cmpPause      `json:"pause"`
-	Errors     []string      `json:"errors,omitempty"`
+	URL        string         `json:"url"`
+	Guarantees cmpGuarantees  `json:"guarantees"`
+	Single     *cmpThroughput `json:"uncontended_1"`
+	Many       *cmpThroughput `json:"uncontended_16"`
+	Contended  *cmpContended  `json:"contended"`
+	Pause      *cmpPause      `json:"pause"`
+	// NotReached says why the workload never ran on the backend
+	// ("interrupted"); "" if it did.
+	NotReached string   `json:"not_reached,omitempty"`
+	Errors     []string `json:"errors,omitempty"`
 }
 
 type cmpGuarantees struct {
@@ -354,15 +365,22 @@ func (t *cmpTarget) keys(ctx context.Context) ([]string, error) {
 	return t.lockers[0].Keys(ctx, cmpKeysLimit)
 }
 
-// run runs the workload on t within about budget (the --duration's share
-// of each of n backends). phase is told of each phase as it starts.
-func (t *cmpTarget) run(ctx context.Context, budget time.Duration, n int, phase func(string)) *cmpResult {
-	l := t.lockers[0]
-	g := l.Guarantees()
-	r := &cmpResult{URL: t.name, Guarantees: cmpGuarantees{
+// result is t's row before any phase has run: the guarantees it declares,
+// nothing measured.
+func (t *cmpTarget) result() *cmpResult {
+	g := t.lockers[0].Guarantees()
+	return &cmpResult{URL: t.name, Guarantees: cmpGuarantees{
 		Fencing: g.Fencing.String(), ClockDependent: g.ClockDependent, ToleratedFailures: g.ToleratedFailures,
 		FIFO: g.FIFO, WakesWaiters: g.WakesWaiters,
 	}}
+}
+
+// run runs the workload on t within about budget (the --duration's share
+// of each of n backends). phase is told of each phase as it starts. Once
+// ctx ends (an interrupt), no other phase starts: those left are nil.
+func (t *cmpTarget) run(ctx context.Context, budget time.Duration, n int, phase func(string)) *cmpResult {
+	l := t.lockers[0]
+	r := t.result()
 	fail := func(what string, err error) { r.Errors = append(r.Errors, what+": "+printable(err.Error())) }
 
 	// The pause runs first: it takes a little more than the shortest TTL
@@ -375,17 +393,29 @@ func (t *cmpTarget) run(ctx context.Context, budget time.Duration, n int, phase 
 		phase("pause past the TTL")
 		r.Pause = cmpPauseScenario(ctx, l, t.lockers[1], ttl, pauseBudget, fail)
 	} else {
-		r.Pause.TTLSeconds = ttl.Seconds()
-		r.Pause.Skipped = fmt.Sprintf("needs --duration %v or more for %d backend(s) (the TTL is %v)", time.Duration(n)*9*ttl/4, n, ttl)
+		r.Pause = &cmpPause{TTLSeconds: ttl.Seconds(),
+			Skipped: fmt.Sprintf("needs --duration %v or more for %d backend(s) (the TTL is %v)", time.Duration(n)*9*ttl/4, n, ttl)}
 	}
 	rest := max(budget-time.Since(start), 0)
 
+	if ctx.Err() != nil {
+		return r
+	}
 	phase("uncontended, 1 worker")
-	r.Single = cmpCycles(ctx, l, 1, rest/4, fail)
+	single := cmpCycles(ctx, l, 1, rest/4, fail)
+	r.Single = &single
+	if ctx.Err() != nil {
+		return r
+	}
 	phase("uncontended, 16 workers")
-	r.Many = cmpCycles(ctx, l, 16, rest/4, fail)
+	many := cmpCycles(ctx, l, 16, rest/4, fail)
+	r.Many = &many
+	if ctx.Err() != nil {
+		return r
+	}
 	phase("contended")
-	r.Contended = cmpContend(ctx, t.lockers[1:], rest/2, fail)
+	c := cmpContend(ctx, t.lockers[1:], rest/2, fail)
+	r.Contended = &c
 	return r
 }
 
@@ -524,17 +554,21 @@ func cmpContend(ctx context.Context, lockers []*dlock.Locker, d time.Duration, f
 
 // cmpPauseScenario: a holder on l takes a lease of ttl without refreshing it
 // and pauses past the TTL; a holder on next takes the lock and writes to a
-// fenced register; then the paused holder writes late.
-func cmpPauseScenario(ctx context.Context, l, next *dlock.Locker, ttl, d time.Duration, fail func(string, error)) cmpPause {
-	ctx, cancel := context.WithTimeout(ctx, d)
+// fenced register; then the paused holder writes late. It returns nil if
+// ctx ended (an interrupt) before the scenario could tell its outcome.
+func cmpPauseScenario(parent context.Context, l, next *dlock.Locker, ttl, d time.Duration, fail func(string, error)) *cmpPause {
+	ctx, cancel := context.WithTimeout(parent, d)
 	defer cancel()
 	const key, resource = "pause", "register"
-	p := cmpPause{TTLSeconds: ttl.Seconds()}
+	p := &cmpPause{TTLSeconds: ttl.Seconds()}
 	var guard fence.Guard
 	write := func(tok dlock.Token) error { return guard.Do(resource, tok, func() error { return nil }) }
 
 	a, err := l.Acquire(ctx, key, &dlock.AcquireOptions{TTL: ttl})
 	if err != nil {
+		if parent.Err() != nil {
+			return nil
+		}
 		fail("pause: first acquire", err)
 		return p
 	}
@@ -553,6 +587,9 @@ func cmpPauseScenario(ctx context.Context, l, next *dlock.Locker, ttl, d time.Du
 	pausedAt := time.Now()
 	b, err := next.Acquire(ctx, key, nil)
 	if err != nil {
+		if parent.Err() != nil {
+			return nil
+		}
 		if ctx.Err() != nil {
 			p.Note = fmt.Sprintf("the next holder was not granted the lock within %v", d.Round(time.Millisecond))
 		} else {
@@ -570,7 +607,11 @@ func cmpPauseScenario(ctx context.Context, l, next *dlock.Locker, ttl, d time.Du
 	}
 	// The paused holder wakes past its TTL and writes with its old token.
 	if left := time.Until(pausedAt.Add(a.TTL() + ttl/10)); left > 0 {
-		time.Sleep(left)
+		select {
+		case <-time.After(left):
+		case <-parent.Done():
+			return nil
+		}
 	}
 	err = write(a.Token())
 	rejected := errors.Is(err, fence.ErrStaleToken)
@@ -593,53 +634,71 @@ func cmpRound(x float64, places int) float64 {
 	return v
 }
 
+// cmpPrintTable prints results as a table, then notes: skipped pauses,
+// mutual exclusion violations, backends not reached. What was not
+// measured is "-".
 func cmpPrintTable(w io.Writer, results []*cmpResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "BACKEND\tFENCING\tCLOCK-DEPENDENT\tTOLERATES\t1 WORKER/s\t16 WORKERS/s\tHANDOFFS/s\tWAIT p50\tWAIT p99\tSPREAD\tLATE WRITE\tNEXT TOKEN\tMUTUAL EXCLUSION")
+	perSecond := func(tp *cmpThroughput) string {
+		if tp == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f", tp.PerSecond)
+	}
 	for _, r := range results {
 		g, c, p := r.Guarantees, r.Contended, r.Pause
-		spread := "-"
-		if c.Spread != nil {
-			spread = fmt.Sprintf("%.2f", *c.Spread)
-		} else if c.Acquisitions > 0 {
-			spread = "starved"
+		handoffs, p50, p99, spread, mutex := "-", "-", "-", "-", "-"
+		if c != nil {
+			handoffs = fmt.Sprintf("%.0f", c.PerSecond)
+			if c.Acquisitions > 0 {
+				p50, p99 = cmpFmtMs(c.WaitP50ms), cmpFmtMs(c.WaitP99ms)
+			}
+			if c.Spread != nil {
+				spread = fmt.Sprintf("%.2f", *c.Spread)
+			} else if c.Acquisitions > 0 {
+				spread = "starved"
+			}
+			mutex = fmt.Sprintf("ok (%d leases)", c.LeasesChecked)
+			if c.Violations > 0 {
+				mutex = fmt.Sprintf("%d VIOLATIONS", c.Violations)
+			}
 		}
 		late, tok := "-", "-"
 		switch {
+		case p == nil:
 		case p.Skipped != "":
 			late, tok = "skipped", "skipped"
 		case p.Note != "" && p.LateWriteRejected == nil:
 			late = "n/a"
 		}
-		if p.LateWriteRejected != nil {
+		if p != nil && p.LateWriteRejected != nil {
 			late = map[bool]string{true: "rejected", false: "ACCEPTED"}[*p.LateWriteRejected]
 		}
-		if p.NextTokenLarger != nil {
+		if p != nil && p.NextTokenLarger != nil {
 			tok = map[bool]string{true: "larger", false: "NOT LARGER"}[*p.NextTokenLarger]
 		}
-		p50, p99 := "-", "-"
-		if c.Acquisitions > 0 {
-			p50, p99 = cmpFmtMs(c.WaitP50ms), cmpFmtMs(c.WaitP99ms)
-		}
-		mutex := fmt.Sprintf("ok (%d leases)", c.LeasesChecked)
-		if c.Violations > 0 {
-			mutex = fmt.Sprintf("%d VIOLATIONS", c.Violations)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.0f\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 			r.URL, g.Fencing, cmpYesNo(g.ClockDependent), g.ToleratedFailures,
-			r.Single.PerSecond, r.Many.PerSecond, c.PerSecond,
+			perSecond(r.Single), perSecond(r.Many), handoffs,
 			p50, p99, spread, late, tok, mutex)
 	}
 	tw.Flush()
 	var notes []string
 	for _, r := range results {
-		if r.Pause.Skipped != "" {
+		switch {
+		case r.NotReached != "":
+			notes = append(notes, fmt.Sprintf("%s: not reached: %s", r.URL, r.NotReached))
+		case r.Pause == nil:
+		case r.Pause.Skipped != "":
 			notes = append(notes, fmt.Sprintf("%s: pause skipped: %s", r.URL, r.Pause.Skipped))
-		} else if r.Pause.Note != "" {
+		case r.Pause.Note != "":
 			notes = append(notes, fmt.Sprintf("%s: pause: %s", r.URL, r.Pause.Note))
 		}
-		for _, d := range r.Contended.ViolationDetail {
-			notes = append(notes, fmt.Sprintf("%s: mutual exclusion: %s", r.URL, d))
+		if r.Contended != nil {
+			for _, d := range r.Contended.ViolationDetail {
+				notes = append(notes, fmt.Sprintf("%s: mutual exclusion: %s", r.URL, d))
+			}
 		}
 	}
 	if len(notes) > 0 {

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -124,7 +125,11 @@ func TestCompareJSON(t *testing.T) {
 		if len(r.Errors) > 0 {
 			t.Errorf("%s: errors %q", r.URL, r.Errors)
 		}
-		for _, tp := range []cmpThroughput{r.Single, r.Many} {
+		if r.Single == nil || r.Many == nil || r.Contended == nil || r.Pause == nil || r.NotReached != "" {
+			t.Errorf("%s: a phase not measured: %s", r.URL, out)
+			continue
+		}
+		for _, tp := range []*cmpThroughput{r.Single, r.Many} {
 			if tp.Cycles <= 0 || tp.PerSecond <= 0 || tp.Seconds <= 0 {
 				t.Errorf("%s: uncontended, %d workers: %+v, want cycles done", r.URL, tp.Workers, tp)
 			}
@@ -275,16 +280,72 @@ func TestCompareUnderPrefix(t *testing.T) {
 }
 
 // SIGINT ends the run early: exit 1, the figures so far, and no lock left
-// held under the prefix (a new run would not be refused).
+// held under the prefix (a new run would not be refused). The phases that
+// never ran are shown as not measured ("-" in the table, null in JSON), not
+// as 0, and the backend never reached is listed as such (issue 22).
 func TestCompareInterrupt(t *testing.T) {
 	redisURL := "redis://" + servers.Redis(t, 1)[0].Addr()
-	probe, err := dlock.Open(t.Context(), redisURL+"?prefix=dlock-compare-int:")
+	for _, asJSON := range []bool{false, true} {
+		t.Run(map[bool]string{false: "table", true: "json"}[asJSON], func(t *testing.T) {
+			prefix := "dlock-compare-int-" + strconv.FormatBool(asJSON)
+			args := []string{"compare", "--duration", "60s", "--prefix", prefix}
+			if asJSON {
+				args = append(args, "--json")
+			}
+			out, errOut := compareInterrupted(t, redisURL, prefix, append(args, redisURL, "mem://")...)
+			if !strings.Contains(errOut, "dlock compare: interrupted: the figures are partial") {
+				t.Errorf("stderr:\n%s", errOut)
+			}
+			// The interrupt comes in the first phase (the pause) of the
+			// first backend, or at worst in the second (1 worker): the
+			// 16 workers' and the contended phases never ran.
+			if asJSON {
+				var rep struct{ Backends []map[string]any }
+				if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.Backends) != 2 {
+					t.Fatalf("want a report with 2 backends (%v); stdout:\n%s", err, out)
+				}
+				r, m := rep.Backends[0], rep.Backends[1]
+				if r["url"] != redisURL || r["uncontended_16"] != nil || r["contended"] != nil || r["not_reached"] != nil {
+					t.Errorf("%s: want the phases that never ran null, and it reached; stdout:\n%s", redisURL, out)
+				}
+				if m["url"] != "mem://" || m["not_reached"] != "interrupted" || m["uncontended_1"] != nil || m["pause"] != nil {
+					t.Errorf("mem://: want it not reached, nothing measured; stdout:\n%s", out)
+				}
+				return
+			}
+			lines := strings.Split(out, "\n")
+			if len(lines) < 3 || !strings.HasPrefix(lines[0], "BACKEND ") {
+				t.Fatalf("want the table; stdout:\n%s", out)
+			}
+			f := strings.Fields(lines[1])
+			// BACKEND FENCING CLOCK-DEPENDENT TOLERATES 1 WORKER/s 16 WORKERS/s
+			// HANDOFFS/s WAIT p50 WAIT p99 SPREAD LATE WRITE NEXT TOKEN MUTUAL EXCLUSION
+			if len(f) != 13 || f[0] != redisURL || f[5] != "-" || f[6] != "-" || f[7] != "-" || f[12] != "-" {
+				t.Errorf("row %q: want %s with '-' for 16 workers, handoffs, waits and mutual exclusion; stdout:\n%s", lines[1], redisURL, out)
+			}
+			if f := strings.Fields(lines[2]); len(f) != 13 || f[0] != "mem://" || f[4] != "-" || f[12] != "-" {
+				t.Errorf("row %q: want mem:// with nothing measured; stdout:\n%s", lines[2], out)
+			}
+			if !strings.Contains(out, "\nmem://: not reached: interrupted\n") {
+				t.Errorf("no note that mem:// was not reached; stdout:\n%s", out)
+			}
+		})
+	}
+}
+
+// compareInterrupted runs the built dlock with args, sends it SIGINT once
+// the workload holds a lock on url under prefix, and returns its standard
+// output and error once it has exited, with status 1, and left no key
+// under the prefix.
+func compareInterrupted(t *testing.T, url, prefix string, args ...string) (stdout, stderr string) {
+	t.Helper()
+	probe, err := dlock.Open(t.Context(), url+"?prefix="+prefix+":")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer probe.Close()
 
-	cmd := exec.Command(dlockBinary(t), "compare", "--duration", "60s", "--prefix", "dlock-compare-int", redisURL)
+	cmd := exec.Command(dlockBinary(t), args...)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
 	if err := cmd.Start(); err != nil {
@@ -326,15 +387,10 @@ func TestCompareInterrupt(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("still running 30s after SIGINT (--duration 60s)\nstderr:\n%s", e.String())
 	}
-	if !strings.Contains(e.String(), "dlock compare: interrupted: the figures are partial") {
-		t.Errorf("stderr:\n%s", e.String())
-	}
-	if !strings.HasPrefix(o.String(), "BACKEND ") || !strings.Contains(o.String(), "\n"+redisURL+" ") {
-		t.Errorf("want the table with a row for %s; stdout:\n%s", redisURL, o.String())
-	}
 	if keys, err := probe.Keys(t.Context(), 10); err != nil || len(keys) > 0 {
 		t.Errorf("keys under the prefix after the interrupted run: %q, %v; want none", keys, err)
 	}
+	return o.String(), e.String()
 }
 
 // The keys compare names when it refuses a busy key space are quoted: a
