@@ -146,8 +146,8 @@ func TestServeRestartKeepsTokens(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != exitUsage {
 		t.Fatalf("dlock serve --no-such-flag: %v, want exit status 2; output:\n%s", err, out)
 	}
-	if !strings.Contains(string(out), "usage: dlock serve") {
-		t.Errorf("dlock serve --no-such-flag: output %q lacks the usage", out)
+	if want := "dlock serve: flag provided but not defined: -no-such-flag\nRun 'dlock serve -h' for usage.\n"; string(out) != want {
+		t.Errorf("dlock serve --no-such-flag: output %q, want %q", out, want)
 	}
 
 	dir := t.TempDir()
