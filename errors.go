@@ -57,8 +57,9 @@ type OpError struct {
 }
 
 // Error returns, for example, `dlock: acquire "orders/42": lock not acquired: context deadline exceeded`.
-// A key longer than 64 bytes is shown by its first 64 (cut on a character
-// boundary) and its length: `dlock: acquire "aaaa…" (2000 bytes): ...`.
+// A key dlock accepts (at most MaxKeyLen bytes) is shown whole; a longer
+// one, refused, by its first 64 bytes (cut on a character boundary) and
+// its length: `dlock: try-acquire "aaaa…" (2000 bytes): invalid key: ...`.
 func (e *OpError) Error() string {
 	msg := strings.TrimPrefix(e.Err.Error(), "dlock: ")
 	if e.Key == "" {
@@ -67,13 +68,16 @@ func (e *OpError) Error() string {
 	return "dlock: " + e.Op + " " + quoteKey(e.Key) + ": " + msg
 }
 
-// maxKeyShown is how many bytes of a key an error shows.
+// maxKeyShown is how many bytes of a key longer than MaxKeyLen an error
+// shows.
 const maxKeyShown = 64
 
-// quoteKey quotes key for an error, cut to maxKeyShown bytes with an
-// ellipsis and its length if it is longer.
+// quoteKey quotes key for an error: whole if dlock accepts its length (the
+// caller may look for it, and the conformance suite checks that errors
+// name it), else cut to maxKeyShown bytes with an ellipsis and its length,
+// so that an error does not echo a key of any size.
 func quoteKey(key string) string {
-	if len(key) <= maxKeyShown {
+	if len(key) <= MaxKeyLen {
 		return strconv.Quote(key)
 	}
 	cut := maxKeyShown

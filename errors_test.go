@@ -10,10 +10,9 @@ import (
 	"github.com/dlock-go/dlock/memory"
 )
 
-// TestOpErrorBoundsKey: an error names its key in full when it is of a
-// normal length, and by its first 64 bytes (cut on a character boundary)
-// and its length when it is longer, so that a 2,000-byte key is not echoed
-// whole.
+// TestOpErrorBoundsKey: an error names a key dlock accepts in full, and a
+// longer one by its first 64 bytes (cut on a character boundary) and its
+// length, so that a 2,000-byte key is not echoed whole.
 func TestOpErrorBoundsKey(t *testing.T) {
 	l, err := memory.New(memory.NewStore(), nil)
 	if err != nil {
@@ -31,14 +30,14 @@ func TestOpErrorBoundsKey(t *testing.T) {
 	}
 
 	// A cut that would split a character keeps it whole or leaves it out.
-	key := "k" + strings.Repeat("é", 100) // 201 bytes: the 64th is the first half of an é
+	key := "k" + strings.Repeat("é", 300) // 601 bytes: the 64th is the first half of an é
 	msg := (&dlock.OpError{Op: "acquire", Key: key, Err: dlock.ErrNotAcquired}).Error()
-	if !utf8.ValidString(msg) || !strings.Contains(msg, `"k`+strings.Repeat("é", 31)+`…" (201 bytes)`) {
-		t.Errorf("error of a 201-byte key of 2-byte characters: %q, want its first 63 bytes and its length", msg)
+	if !utf8.ValidString(msg) || !strings.Contains(msg, `"k`+strings.Repeat("é", 31)+`…" (601 bytes)`) {
+		t.Errorf("error of a 601-byte key of 2-byte characters: %q, want its first 63 bytes and its length", msg)
 	}
 
-	// Keys up to 64 bytes are shown whole, as before.
-	for _, k := range []string{"orders/42", strings.Repeat("b", 64)} {
+	// Keys dlock accepts are shown whole, as before.
+	for _, k := range []string{"orders/42", strings.Repeat("b", dlock.MaxKeyLen)} {
 		msg := (&dlock.OpError{Op: "release", Key: k, Err: dlock.ErrNotHeld}).Error()
 		if want := `dlock: release "` + k + `": lock not held`; msg != want {
 			t.Errorf("Error() = %q, want %q", msg, want)
