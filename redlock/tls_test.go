@@ -2,22 +2,13 @@ package redlock_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"log/slog"
-	"math/big"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/servers"
@@ -55,36 +46,6 @@ func (r *logRecorder) warnings(s string) []string {
 	return out
 }
 
-// writeFile writes b to a file in dir and returns its path.
-func writeFile(t *testing.T, dir, name string, b []byte) string {
-	t.Helper()
-	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// otherCA returns the PEM certificate of a CA made for the test, which
-// issued no server's certificate.
-func otherCA(t *testing.T) []byte {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "another CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-}
-
 // openWithLog opens rawURL on a mux whose redlock opener logs to a new
 // logRecorder.
 func openWithLog(t *testing.T, rawURL string) (*dlock.Locker, *logRecorder, error) {
@@ -107,8 +68,9 @@ func TestRedlocksTLS(t *testing.T) {
 	ss, caPEM := servers.RedisTLS(t, 3)
 	hosts := strings.Join(addrs(ss), ",")
 	dir := t.TempDir()
-	ca := writeFile(t, dir, "ca.pem", caPEM)
-	wrong := writeFile(t, dir, "other-ca.pem", otherCA(t))
+	ca := urltest.WriteFile(t, dir, "ca.pem", caPEM)
+	otherCA, _ := urltest.SelfSigned(t, "another CA") // issued no server's certificate
+	wrong := urltest.WriteFile(t, dir, "other-ca.pem", otherCA)
 
 	t.Run("ca", func(t *testing.T) {
 		l, rec, err := openWithLog(t, "redlocks://"+hosts+"?ca="+url.QueryEscape(ca))
@@ -151,7 +113,7 @@ func TestRedlocksTLS(t *testing.T) {
 // or a cert without its key.
 func TestRedlocksBadTLSParams(t *testing.T) {
 	dir := t.TempDir()
-	notPEM := url.QueryEscape(writeFile(t, dir, "not.pem", []byte("not a certificate")))
+	notPEM := url.QueryEscape(urltest.WriteFile(t, dir, "not.pem", []byte("not a certificate")))
 	missing := url.QueryEscape(filepath.Join(dir, "missing.pem"))
 	const nodes = "ADDR,127.0.0.1:2,127.0.0.1:3"
 	urltest.Rejected(t, []urltest.Case{
