@@ -5,8 +5,7 @@ GO ?= go
 # The repository is several modules (see go.work); a ./... pattern covers
 # only the module of the directory it names, so targets that mean "every
 # package" list every workspace module as ./dir/... (scripts/test.sh does
-# the same). bench and conformance/servers/etcdserver are modules outside
-# the workspace.
+# the same).
 PKGS = $(shell $(GO) list -m -f '{{.Dir}}/...' | sed 's|^$(CURDIR)|.|')
 
 .PHONY: test lint bench matrix gosum proxycheck
@@ -48,27 +47,25 @@ soak:
 # PATH@VERSION works, through scripts/cmdtidy.sh against the checkout, and
 # against the released modules in scripts/proxycheck.sh), two guards, and the consumer go.sum check
 # (gosum, which also proves the modules resolve from a module proxy once
-# released: scripts/proxycheck.sh). Guards: no module but conformance/servers/serverd requires
-# testcontainers-go (in its go.mod or go.sum: the test servers' container
-# code lives in serverd alone), and the library's non-test code does not
-# depend on the test server package (conformance/servers).
+# released: scripts/proxycheck.sh). Guards: no module but the development
+# module (tests: fault matrix, benchmarks, test servers) requires
+# testcontainers-go (in its go.mod or go.sum), and the library's non-test
+# code does not depend on the test server package (conformance/servers).
 lint: gosum
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
-	cd bench && GOWORK=off $(GO) vet ./...
-	cd conformance/servers/etcdserver && GOWORK=off $(GO) vet ./...
-	@for d in $$($(GO) list -m -f '{{.Dir}}') bench conformance/servers/etcdserver; do \
+	@for d in $$($(GO) list -m -f '{{.Dir}}'); do \
 		case "$$d" in */cmd/dlock) continue ;; esac; \
 		out=$$(cd "$$d" && GOWORK=off GOFLAGS=-mod=mod $(GO) mod tidy -diff 2>&1) || \
 			{ echo "go.mod/go.sum of $$d not tidy (module alone, GOWORK=off):"; echo "$$out"; exit 1; }; \
 	done
 	@out=$$(scripts/cmdtidy.sh -diff cmd/dlock 2>&1) || \
 		{ echo "go.mod/go.sum of cmd/dlock not tidy (run scripts/cmdtidy.sh):"; echo "$$out"; exit 1; }
-	@bad=$$(find . -name go.mod -not -path './.git/*' -not -path './conformance/servers/serverd/*' | \
+	@bad=$$(find . -name go.mod -not -path './.git/*' -not -path './tests/*' | \
 		while read -r f; do d=$$(dirname "$$f"); grep -l testcontainers-go "$$f" "$$d/go.sum" 2>/dev/null; done); \
-	if [ -n "$$bad" ]; then echo "a module other than conformance/servers/serverd requires testcontainers-go:"; echo "$$bad"; exit 1; fi
+	if [ -n "$$bad" ]; then echo "a module other than tests (the development module) requires testcontainers-go:"; echo "$$bad"; exit 1; fi
 	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Deps " "}}' $(PKGS) | \
-		grep -v '^github.com/dlock-go/dlock/conformance/servers\(/serverd\)\?:' | \
+		grep -v '^github.com/dlock-go/dlock/\(conformance/servers\|tests/serverd\):' | \
 		grep -E ' (github.com/dlock-go/dlock/conformance/servers|github.com/testcontainers/testcontainers-go)( |$$)' | cut -d: -f1); \
 	if [ -n "$$bad" ]; then echo "non-test code depends on conformance/servers or testcontainers-go:"; echo "$$bad"; exit 1; fi
 
@@ -93,13 +90,14 @@ bench:
 		$(GO) test -run '^$$' -bench . -benchmem $(or $(ARGS),$(PKGS))
 
 # dlock beside its peers on the same servers, and the scale workloads
-# (bench/, a module of its own), with the benchstat tables. Knobs: COUNT
-# (default 6), BENCHTIME (default 1s), BENCH, OUT; see bench/run.sh.
+# (tests/bench, in the development module), with the benchstat tables.
+# Knobs: COUNT (default 6), BENCHTIME (default 1s), BENCH, OUT; see
+# tests/bench/run.sh.
 .PHONY: peers peers-smoke
 peers:
-	bench/run.sh
+	tests/bench/run.sh
 
-# Every benchmark of bench/ once, the scale workloads shrunk: a check that
+# Every benchmark of tests/bench once, the scale workloads shrunk: a check that
 # the harness builds and runs (CI).
 peers-smoke:
-	bench/run.sh --smoke
+	tests/bench/run.sh --smoke

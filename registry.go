@@ -117,7 +117,7 @@ func (m *URLMux) OpenLocker(ctx context.Context, rawURL string) (*Locker, error)
 // but an '@' after its host (in its path, query or fragment): most likely
 // a password holding a '/', '?' or '#' that was not %-escaped, which
 // url.Parse takes for the end of the host (url.URL.Redacted would show
-// it). cmd/dlock and cmd/dlock-demo have a copy, to print such a URL by
+// it). cmd/dlock has a copy, to print such a URL by
 // its scheme only.
 func atAfterHost(u *url.URL, rawURL string) bool {
 	if u.User != nil {

@@ -55,7 +55,7 @@ func ExampleGuard() {
 }
 
 // Code that writes through a fenced store takes a fence.Store, so that the
-// same code runs on Redis, etcd or a SQL table (fence.Redis, fence.Etcd,
+// same code runs on Redis, etcd or a SQL table (fence.Redis, etcd.FenceStore,
 // fence.SQLTable). (Not run here: it needs a Redis server.)
 func ExampleStore() {
 	save := func(ctx context.Context, store fence.Store, lease *dlock.Lease, order string) error {

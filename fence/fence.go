@@ -13,7 +13,8 @@
 //   - [Guard]: in memory, for tests and for wrapping any Go resource.
 //   - [SQLTable]: a conditional upsert in one statement (PostgreSQL).
 //   - [Redis]: a Lua check-and-set next to the data.
-//   - [Etcd]: a transaction comparing the token stored beside the data. (To
+//   - etcd.FenceStore (the etcd module): a transaction comparing the token
+//     stored beside the data. (To
 //     fence an etcd write with no extra state, put the lock's own
 //     ownership comparison in the write's transaction instead:
 //     etcd.OwnerOf(lease).Cmp().)
@@ -28,6 +29,7 @@ import (
 	"sync"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/fencecheck"
 )
 
 // ErrStaleToken: a write carried a token lower than the highest the
@@ -87,7 +89,7 @@ func (g *Guard) resource(name string) *guarded {
 // 0 (a backend without fencing) is an error wrapping ErrInvalidConfig.
 func (g *Guard) Do(resource string, token dlock.Token, write func() error) error {
 	if token == 0 {
-		return errNoToken(resource)
+		return fencecheck.NoToken(resource)
 	}
 	r := g.resource(resource)
 	r.mu.Lock()
@@ -107,10 +109,11 @@ func (g *Guard) Highest(resource string) dlock.Token {
 	return r.highest
 }
 
-// Store is a fenced key-value store: [Redis], [Etcd] and [SQLTable] have
-// it. Set writes value under key if token is at least the highest token a
-// write to key has carried (equal tokens pass) and records token, in one
-// atomic step. A lower token gets a *StaleError (matching ErrStaleToken)
+// Store is a fenced key-value store: [Redis] and [SQLTable] have it, and
+// so has etcd.FenceStore (in the etcd module, with the etcd client). Set
+// writes value under key if token is at least the highest token a write to
+// key has carried (equal tokens pass) and records token, in one atomic
+// step. A lower token gets a *StaleError (matching ErrStaleToken)
 // and changes nothing. Token 0, an empty key or a missing client is an
 // error wrapping dlock.ErrInvalidConfig, before any I/O; a failure of the
 // store wraps dlock.ErrUnavailable.
@@ -120,23 +123,5 @@ type Store interface {
 
 var (
 	_ Store = Redis{}
-	_ Store = Etcd{}
 	_ Store = SQLTable{}
 )
-
-// checkSet is the input check every Store's Set makes before any I/O.
-func checkSet(store, key string, token dlock.Token, noClient bool) error {
-	switch {
-	case token == 0:
-		return errNoToken(key)
-	case key == "":
-		return fmt.Errorf("%w: fence: %s: empty key", dlock.ErrInvalidConfig, store)
-	case noClient:
-		return fmt.Errorf("%w: fence: %s: no client", dlock.ErrInvalidConfig, store)
-	}
-	return nil
-}
-
-func errNoToken(resource string) error {
-	return fmt.Errorf("%w: fence: %q: token 0: the lock's backend issues no fencing tokens", dlock.ErrInvalidConfig, resource)
-}

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/fence"
@@ -173,15 +172,9 @@ func TestStoresCheckInput(t *testing.T) {
 	ln.Close()
 	rc := goredis.NewClient(&goredis.Options{Addr: addr, MaxRetries: -1})
 	defer rc.Close()
-	ec, err := clientv3.New(clientv3.Config{Endpoints: []string{addr}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ec.Close()
 	var stmts int
 	stores := map[string][2]fence.Store{ // with a client, without
 		"redis": {fence.Redis{Client: rc}, fence.Redis{}},
-		"etcd":  {fence.Etcd{Client: ec}, fence.Etcd{}},
 		"sql": {
 			fence.SQLTable{DB: noDB{&stmts}, Table: "t", KeyColumn: "id", ValueColumn: "v"},
 			fence.SQLTable{Table: "t", KeyColumn: "id", ValueColumn: "v"},

@@ -9,6 +9,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/fencecheck"
 )
 
 //go:embed set.lua
@@ -33,7 +34,7 @@ type Redis struct {
 // write to key has carried (equal tokens pass), and records token, in one
 // script; see [Store] for the errors. A *goredis.Ring is refused.
 func (r Redis) Set(ctx context.Context, key, value string, token dlock.Token) error {
-	if err := checkSet("redis", key, token, r.Client == nil); err != nil {
+	if err := fencecheck.Set("redis", key, uint64(token), r.Client == nil); err != nil {
 		return err
 	}
 	switch r.Client.(type) {
@@ -42,23 +43,12 @@ func (r Redis) Set(ctx context.Context, key, value string, token dlock.Token) er
 		// the highest token would be forgotten.
 		return fmt.Errorf("%w: fence: redis: a *goredis.Ring can lose the stored token; use a Client or ClusterClient", backend.ErrInvalidConfig)
 	}
-	res, err := setScript.Run(ctx, r.Client, []string{key, key + TokenSuffix}, value, padded(token)).Text()
+	res, err := setScript.Run(ctx, r.Client, []string{key, key + TokenSuffix}, value, fencecheck.Padded(uint64(token))).Text()
 	if err != nil {
 		return fmt.Errorf("%w: fence: redis: %w", backend.ErrUnavailable, err)
 	}
 	if res != "OK" {
-		return &StaleError{Resource: key, Token: token, Highest: unpad(res)}
+		return &StaleError{Resource: key, Token: token, Highest: dlock.Token(fencecheck.Unpad(res))}
 	}
 	return nil
-}
-
-// padded writes a token as 20 decimal digits, so that comparing the
-// strings compares the numbers (Lua and etcd compare strings exactly; Lua
-// numbers would lose precision above 2^53).
-func padded(t dlock.Token) string { return fmt.Sprintf("%020d", uint64(t)) }
-
-func unpad(s string) dlock.Token {
-	var n uint64
-	_, _ = fmt.Sscanf(s, "%d", &n)
-	return dlock.Token(n)
 }

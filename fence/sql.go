@@ -9,6 +9,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/fencecheck"
 )
 
 // SQLTable fences writes to the rows of one SQL table (PostgreSQL, or any
@@ -58,7 +59,7 @@ var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // table or column names wrap dlock.ErrInvalidConfig; database errors wrap
 // dlock.ErrUnavailable.
 func (t SQLTable) Set(ctx context.Context, key, value string, token dlock.Token) error {
-	if err := checkSet("sql", key, token, t.DB == nil); err != nil {
+	if err := fencecheck.Set("sql", key, uint64(token), t.DB == nil); err != nil {
 		return err
 	}
 	if token > 1<<63-1 {

@@ -30,7 +30,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/dlock-gosum.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
 split=false
-[ -f "$repo/redis/go.mod" ] && split=true
+[ -f "$repo/etcd/go.mod" ] && split=true
 
 check=0
 "$here/scripts/proxycheck.sh" --out "$tmp" "$repo" || check=$?

@@ -9,11 +9,11 @@
 #
 # The repository is several modules (README, "Modules") that require each
 # other. Users get them from the Go module proxy, which ignores the replace
-# directives of a dependency's go.mod: redis/go.mod must require the root at
+# directives of a dependency's go.mod: etcd/go.mod must require the root at
 # a version the proxy serves. So this script
 #   1. sets every requirement of a github.com/dlock-go/dlock* module, in
-#      every go.mod of the checkout (bench, tests, the test servers and the
-#      demo included), to VERSION; the replace directives stay (a consumer
+#      every go.mod of the checkout (the development module, tests,
+#      included), to VERSION; the replace directives stay (a consumer
 #      ignores them; in the repository they make every module build from
 #      the checkout, with or without go.work), except in the command's
 #      module, cmd/dlock, which has none: `go install
@@ -25,7 +25,7 @@
 #      not published at VERSION yet);
 #   3. prints the tags Go needs for a multi-module repository: VERSION for
 #      the root module and DIR/VERSION for the module in DIR
-#      (redis/v0.1.0, internal/redisx/v0.1.0, ...), all on one commit.
+#      (etcd/v0.1.0, otel/v0.1.0, ...), all on one commit.
 # With --tag (clean working tree required) it commits the go.mod/go.sum
 # changes, if any ("release VERSION: ..."), and creates those tags at that
 # commit; pushing the commit and the tags (git push origin main --tags)
@@ -71,7 +71,7 @@ fi
 # checkout) and scripts/cmdtidy.sh tidies them.
 commands="cmd/dlock"
 
-# The module directories, root first ("." then e.g. "internal/redisx").
+# The module directories, root first ("." then e.g. "etcd").
 dirs=$(find . -name go.mod -not -path './.git/*' -not -path '*/testdata/*' | sed 's|^\./||; s|/\?go\.mod$||' | sed 's|^$|.|' | sort)
 
 # directives GOMOD: "require PATH" and "replace PATH" lines for the dlock

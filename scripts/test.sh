@@ -22,12 +22,12 @@
 #      /usr/lib/postgresql/15/bin, where initdb and postgres are, on its
 #      PATH, as the official image does); the etcd
 #      stand-in holds only an etcd binary built from its Go module
-#      (conformance/servers/etcdserver: go build + docker import);
+#      (tests/etcdserver: go build + docker import);
 #   4. when a stand-in is in use, selects host networking and disables Ryuk
 #      (DLOCK_TEST_NETWORK=host, TESTCONTAINERS_RYUK_DISABLED=true) unless the
 #      caller already chose;
 #   5. exports DLOCK_REQUIRE_SERVERS=1 so no server test skips silently;
-#   6. builds serverd (conformance/servers/serverd, which runs the
+#   6. builds serverd (tests/serverd, which runs the
 #      containers for conformance/servers) once, into the cache directory,
 #      and exports DLOCK_SERVERD naming it (unless DLOCK_SERVERD names
 #      another binary).
@@ -277,14 +277,15 @@ EOF
 
 # build_etcd_standin IMAGE: build IMAGE holding only /usr/local/bin/etcd (where
 # the official image keeps it), built from the Go module
-# conformance/servers/etcdserver at the etcd version that module requires.
+# tests/etcdserver at the etcd version the development module (tests)
+# requires.
 # The static binary is cached in $cache_dir by version.
 build_etcd_standin() {
 	local image=$1
-	local mod=conformance/servers/etcdserver
+	local mod=tests/etcdserver
 	local version
-	version=$(sed -n 's|.*go\.etcd\.io/etcd/server/v3 \(v[^ ]*\).*|\1|p' "$mod/go.mod" | head -n 1)
-	[ -n "$version" ] || die "cannot read the etcd server version from $mod/go.mod"
+	version=$(sed -n 's|.*go\.etcd\.io/etcd/server/v3 \(v[^ ]*\).*|\1|p' tests/go.mod | head -n 1)
+	[ -n "$version" ] || die "cannot read the etcd server version from tests/go.mod"
 	local bin="$cache_dir/etcd-$version"
 	if [ -x "$bin" ]; then
 		note "reusing cached etcd binary $bin"
@@ -380,8 +381,8 @@ ensure_image "${DLOCK_POSTGRES_IMAGE:-postgres:15}" build_debian_standin postgre
 # ---------------------------------------------------------------------------
 # serverd
 
-# Tests reach Docker through serverd (conformance/servers/serverd, a module
-# of its own: testcontainers-go stays out of the library's go.mod files),
+# Tests reach Docker through serverd (tests/serverd, in the development
+# module: testcontainers-go stays out of the library's go.mod files),
 # one child process per test process. Built once here, into the cache, so
 # that test processes need not each build it.
 # A DLOCK_SERVERD that names this script's own binary (exported from a
@@ -391,8 +392,8 @@ step "Building serverd"
 mkdir -p "$cache_dir"
 serverd_bin="$cache_dir/serverd-$(pwd | sha256sum | cut -c1-12)"
 if [ -z "${DLOCK_SERVERD:-}" ] || [ "$DLOCK_SERVERD" = "$serverd_bin" ]; then
-	(cd conformance/servers/serverd && go build -o "$serverd_bin.tmp.$$" .) ||
-		die "building conformance/servers/serverd failed"
+	(cd tests && go build -o "$serverd_bin.tmp.$$" ./serverd) ||
+		die "building tests/serverd failed"
 	mv -f "$serverd_bin.tmp.$$" "$serverd_bin"
 	export DLOCK_SERVERD=$serverd_bin
 fi

@@ -5,10 +5,6 @@ go 1.26.0
 require (
 	github.com/dlock-go/dlock v0.1.0
 	github.com/dlock-go/dlock/etcd v0.1.0
-	github.com/dlock-go/dlock/fence v0.1.0
-	github.com/dlock-go/dlock/redis v0.1.0
-	github.com/dlock-go/dlock/redlock v0.1.0
-	github.com/dlock-go/dlock/zookeeper v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.etcd.io/etcd/server/v3 v3.7.3
 )
@@ -19,7 +15,6 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/coreos/go-semver v0.3.1 // indirect
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
-	github.com/dlock-go/dlock/internal/redisx v0.1.0 // indirect
 	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect

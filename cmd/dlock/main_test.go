@@ -39,8 +39,8 @@ func TestHelpOnce(t *testing.T) {
 				c.name, code, stdout, stderr, want)
 		}
 	}
-	if len(commands) != 4 {
-		t.Errorf("%d commands checked, want 4 (run, compare, serve, inspect)", len(commands))
+	if len(commands) != 5 {
+		t.Errorf("%d commands checked, want 5 (run, compare, serve, inspect, demo)", len(commands))
 	}
 	const top = "dlock <command> [flags] [arguments]"
 	for _, args := range [][]string{{"help"}, {"-h"}, {"--help"}} {

@@ -22,7 +22,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/servers"
-	_ "github.com/dlock-go/dlock/etcd"
+	"github.com/dlock-go/dlock/etcd"
 	"github.com/dlock-go/dlock/fence"
 	_ "github.com/dlock-go/dlock/memory"
 	_ "github.com/dlock-go/dlock/redis"
@@ -164,7 +164,7 @@ ON CONFLICT (id) DO UPDATE SET body = EXCLUDED.body`, k, v)
 		{
 			name: "etcd",
 			write: func(ctx context.Context, k, v string, tok dlock.Token) error {
-				return fence.Etcd{Client: ec}.Set(ctx, k, v, tok)
+				return etcd.FenceStore{Client: ec}.Set(ctx, k, v, tok)
 			},
 			plain: func(ctx context.Context, k, v string) error { _, err := ec.Put(ctx, k, v); return err },
 			read: func(ctx context.Context, k string) string {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/etcd"
 	"github.com/dlock-go/dlock/fence"
 )
 
@@ -56,7 +57,7 @@ func (s stores) writeAll(ctx context.Context, key, v string, tok dlock.Token) (m
 	out := map[string]string{}
 	for name, err := range map[string]error{
 		"redis": fence.Redis{Client: rc}.Set(ctx, key, v, tok),
-		"etcd":  fence.Etcd{Client: ec}.Set(ctx, key, v, tok),
+		"etcd":  etcd.FenceStore{Client: ec}.Set(ctx, key, v, tok),
 		"sql":   fence.SQLTable{DB: db, Table: s.Table, KeyColumn: "id", ValueColumn: "body"}.Set(ctx, key, v, tok),
 	} {
 		switch {

@@ -4,7 +4,7 @@
 //
 // From the repository root:
 //
-//	make peers          # bench/run.sh: -count 6, benchstat tables
+//	make peers          # tests/bench/run.sh: -count 6, benchstat tables
 //	make peers-smoke    # every benchmark once, the scale workloads shrunk
 //
 // run.sh sets the servers up as `make test` does (scripts/test.sh

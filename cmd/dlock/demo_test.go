@@ -6,7 +6,6 @@ import (
 	"errors"
 	"net"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,29 +13,13 @@ import (
 	"github.com/dlock-go/dlock/conformance/servers"
 )
 
-func TestMain(m *testing.M) { servers.Main(m) }
-
-// build builds the demo into a temporary directory and returns the binary.
-func build(t *testing.T) string {
-	t.Helper()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("the go command is needed to build the demo: %v", err)
-	}
-	bin := filepath.Join(t.TempDir(), "dlock-demo")
-	if out, err := exec.CommandContext(t.Context(), goTool, "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// demo runs the demo binary with args and returns its stdout and stderr.
-func demo(t *testing.T, bin string, args ...string) (stdout, stderr string, err error) {
+// runDemo runs dlock demo (the dlock binary, dlockBinary) with args and returns its stdout and stderr.
+func runDemo(t *testing.T, bin string, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	var o, e bytes.Buffer
-	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd := exec.CommandContext(ctx, bin, append([]string{"demo"}, args...)...)
 	cmd.Stdout, cmd.Stderr = &o, &e
 	err = cmd.Run()
 	return o.String(), e.String(), err
@@ -46,9 +29,9 @@ func demo(t *testing.T, bin string, args ...string) (stdout, stderr string, err 
 // and checks that it succeeds and reports the stale write rejected.
 func checkStaleWriteRejected(t *testing.T, bin string, url ...string) {
 	t.Helper()
-	out, errOut, err := demo(t, bin, url...)
+	out, errOut, err := runDemo(t, bin, url...)
 	if err != nil {
-		t.Fatalf("dlock-demo %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(url, " "), err, out, errOut)
+		t.Fatalf("dlock demo %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(url, " "), err, out, errOut)
 	}
 	for _, want := range []string{
 		"counter 3, highest token",
@@ -58,19 +41,19 @@ func checkStaleWriteRejected(t *testing.T, bin string, url ...string) {
 		`done: the resource holds "written by holder 2"`,
 	} {
 		if !strings.Contains(out, want) {
-			t.Errorf("dlock-demo %s: the output lacks %q:\n%s\nstderr:\n%s", strings.Join(url, " "), want, out, errOut)
+			t.Errorf("dlock demo %s: the output lacks %q:\n%s\nstderr:\n%s", strings.Join(url, " "), want, out, errOut)
 		}
 	}
 }
 
 // The zero-setup default: the in-process backend.
 func TestDemoInProcess(t *testing.T) {
-	checkStaleWriteRejected(t, build(t))
+	checkStaleWriteRejected(t, dlockBinary(t))
 }
 
 // Every backend the demo imports, on real servers.
 func TestDemoBackends(t *testing.T) {
-	bin := build(t)
+	bin := dlockBinary(t)
 	t.Run("redis", func(t *testing.T) {
 		checkStaleWriteRejected(t, bin, "redis://"+servers.Redis(t, 1)[0].Addr())
 	})
@@ -98,17 +81,17 @@ func TestDemoOpenFails(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	_ = ln.Close() // nothing listens there now
-	bin := build(t)
+	bin := dlockBinary(t)
 	start := time.Now()
-	out, errOut, err := demo(t, bin, "redis://user:secret@"+addr)
+	out, errOut, err := runDemo(t, bin, "redis://user:secret@"+addr)
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
-		t.Fatalf("dlock-demo with no server: %v, want exit status 1\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
+		t.Fatalf("dlock demo with no server: %v, want exit status 1\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
 	}
 	if took := time.Since(start); took > time.Minute {
-		t.Errorf("dlock-demo with no server took %v", took)
+		t.Errorf("dlock demo with no server took %v", took)
 	}
-	want := "dlock-demo: opening redis://user:xxxxx@" + addr + " (timeout 10s) failed: "
+	want := "dlock demo: opening redis://user:xxxxx@" + addr + " (timeout 10s) failed: "
 	if !strings.Contains(errOut, want) || !strings.Contains(errOut, "connection refused") || strings.Contains(errOut, "secret") {
 		t.Errorf("stderr:\n%s\nwant a line with %q and the cause (connection refused), without the password", errOut, want)
 	}
@@ -118,22 +101,22 @@ func TestDemoOpenFails(t *testing.T) {
 // it may hold a password (issue 21, finding 3). Bad escapes and a '/' in
 // the password (which url.Parse's own error quotes as a port).
 func TestDemoBadURLHidesPassword(t *testing.T) {
-	bin := build(t)
+	bin := dlockBinary(t)
 	for _, tc := range []struct{ raw, secret string }{
 		{"redis://app:p%zzSECRET@localhost:6379", "SECRET"},
 		{"redis://app:S3cr/et@localhost:6379", "S3cr"},
 		{"redis://localhost:2024/S3cret@127.0.0.1:6379", "S3cret"}, // parses: the password is the path
 	} {
-		out, errOut, err := demo(t, bin, tc.raw)
+		out, errOut, err := runDemo(t, bin, tc.raw)
 		var exit *exec.ExitError
 		if !errors.As(err, &exit) || exit.ExitCode() != 1 {
-			t.Errorf("dlock-demo %s: %v, want exit status 1", tc.raw, err)
+			t.Errorf("dlock demo %s: %v, want exit status 1", tc.raw, err)
 		}
 		if strings.Contains(out+errOut, tc.secret) {
-			t.Errorf("dlock-demo %s printed the password %q:\nstdout:\n%s\nstderr:\n%s", tc.raw, tc.secret, out, errOut)
+			t.Errorf("dlock demo %s printed the password %q:\nstdout:\n%s\nstderr:\n%s", tc.raw, tc.secret, out, errOut)
 		}
 		if !strings.Contains(errOut, "opening redis://…") {
-			t.Errorf("dlock-demo %s: stderr %q does not name the scheme", tc.raw, errOut)
+			t.Errorf("dlock demo %s: stderr %q does not name the scheme", tc.raw, errOut)
 		}
 	}
 }

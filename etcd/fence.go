@@ -1,4 +1,4 @@
-package fence
+package etcd
 
 import (
 	"context"
@@ -8,29 +8,31 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/fence"
+	"github.com/dlock-go/dlock/internal/fencecheck"
 )
 
-// EtcdTokenSuffix follows a data key to name the key where [Etcd] keeps the
+// FenceTokenSuffix follows a data key to name the key where [FenceStore] keeps the
 // highest token written to it. Token keys share the data's prefix, so a
 // prefix read or watch of the data sees them too.
-const EtcdTokenSuffix = "\x00fence-token"
+const FenceTokenSuffix = "\x00fence-token"
 
-// Etcd fences writes to etcd keys: one transaction compares the token kept
+// FenceStore fences writes to etcd keys: one transaction compares the token kept
 // beside the data and writes both. To fence an etcd write with no extra
 // state, use the lock's ownership in the write's own transaction instead
 // (etcd.OwnerOf(lease).Cmp()), which fails once the lock is lost.
-type Etcd struct {
+type FenceStore struct {
 	Client *clientv3.Client
 }
 
 // Set stores value under key if token is at least the highest token a
 // write to key has carried (equal tokens pass), and records token, in one
-// transaction; see [Store] for the errors.
-func (e Etcd) Set(ctx context.Context, key, value string, token dlock.Token) error {
-	if err := checkSet("etcd", key, token, e.Client == nil); err != nil {
+// transaction; see [fence.Store] for the errors.
+func (e FenceStore) Set(ctx context.Context, key, value string, token dlock.Token) error {
+	if err := fencecheck.Set("etcd", key, uint64(token), e.Client == nil); err != nil {
 		return err
 	}
-	tk, tok := key+EtcdTokenSuffix, padded(token)
+	tk, tok := key+FenceTokenSuffix, fencecheck.Padded(uint64(token))
 	write := []clientv3.Op{clientv3.OpPut(key, value), clientv3.OpPut(tk, tok)}
 	// A Value compare fails on a missing key, hence the first branch.
 	resp, err := e.Client.Txn(ctx).
@@ -53,7 +55,7 @@ func (e Etcd) Set(ctx context.Context, key, value string, token dlock.Token) err
 	}
 	var highest dlock.Token
 	if kvs := inner.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
-		highest = unpad(string(kvs[0].Value))
+		highest = dlock.Token(fencecheck.Unpad(string(kvs[0].Value)))
 	}
-	return &StaleError{Resource: key, Token: token, Highest: highest}
+	return &fence.StaleError{Resource: key, Token: token, Highest: highest}
 }

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# bench/run.sh — dlock beside its peers on the same servers, in one run,
+# tests/bench/run.sh — dlock beside its peers on the same servers, in one run,
 # and the benchstat tables (`make peers` runs it).
 #
-#   bench/run.sh                 # 6 passes, -benchtime 1s, every benchmark
-#   bench/run.sh --smoke         # every benchmark once (-benchtime 1x, the
+#   tests/bench/run.sh                 # 6 passes, -benchtime 1s, every benchmark
+#   tests/bench/run.sh --smoke         # every benchmark once (-benchtime 1x, the
 #                                # scale workloads shrunk by
 #                                # DLOCK_BENCH_SMALL=1), no tables: catches
 #                                # a broken harness
-#   bench/run.sh --tables RAW    # only the tables, from the raw output RAW
+#   tests/bench/run.sh --tables RAW    # only the tables, from the raw output RAW
 #                                # of earlier runs (several concatenated)
 #
 # Knobs (environment): COUNT (passes, default 6), BENCHTIME (default 1s; keep it a
@@ -25,7 +25,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/.." && pwd)"
+root="$(cd "$here/../.." && pwd)"
 
 smoke=false tables_only=""
 case "${1:-}" in
