@@ -87,7 +87,7 @@ func ExampleConfig() {
 	_ = json.Unmarshal([]byte(`{
 		"efficiency":  "mem://example-cache?ttl=10s",
 		"correctness": "mem://example-orders?ttl=15s"
-	}`), &cfg) // or dlock.ConfigFromEnv()
+	}`), &cfg) // or from the environment
 
 	locker, err := cfg.Open(context.Background(), dlock.Correctness)
 	if err != nil {

@@ -28,3 +28,14 @@ func LeaseContexts(le *Lease) int {
 	defer le.mu.Unlock()
 	return len(le.onEnd)
 }
+
+// Values the tests check, unexported in the package.
+const (
+	FailedAttempts     = failedAttempts
+	DefaultDriftFactor = defaultDriftFactor
+	MinTTL             = minTTL
+	DefaultTTL         = defaultTTL
+)
+
+// CheckPurpose is Purpose.check, for tests.
+func CheckPurpose(p Purpose, g Guarantees) error { return p.check(g) }

@@ -42,14 +42,16 @@ func (l *Locker) Inspect(ctx context.Context, key string) (LockInfo, error) {
 	return info, nil
 }
 
-// Keys lists up to limit keys that have a holder or a queued waiter on the
+// keys lists up to limit keys that have a holder or a queued waiter on the
 // backend, under this Locker's prefix (or namespace) only, in no particular
 // order; an empty list means the key space is empty. Like Inspect it changes
 // nothing. A limit ≤ 0 is an error matching ErrInvalidConfig, and a backend
 // that cannot list its keys one matching errors.ErrUnsupported and
 // ErrInvalidConfig, both before any I/O. Errors are *[OpError] values with
 // Op "keys".
-func (l *Locker) Keys(ctx context.Context, limit int) ([]string, error) {
+// It is package driver's Keys, for tools (cmd/dlock compare) and the
+// conformance suite.
+func (l *Locker) keys(ctx context.Context, limit int) ([]string, error) {
 	in, err := l.inspector()
 	if err != nil {
 		return nil, opErr("keys", "", err)
@@ -77,8 +79,8 @@ func (l *Locker) inspector() (backend.Inspector, error) {
 	in, ok := l.drv.(backend.Inspector)
 	if !ok {
 		name := "this"
-		if n, ok := l.drv.(backend.Namer); ok {
-			name = "the " + n.Name()
+		if n := l.drv.Guarantees().Backend; n != "" {
+			name = "the " + n
 		}
 		return nil, fmt.Errorf("%w: %w: %s backend cannot inspect its locks", ErrInvalidConfig, errors.ErrUnsupported, name)
 	}

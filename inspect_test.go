@@ -7,6 +7,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/memory"
 )
 
@@ -31,7 +32,7 @@ func (d *countingInspector) Keys(ctx context.Context, limit int) ([]string, erro
 }
 
 func TestInspectUnsupported(t *testing.T) {
-	l, err := dlock.New(bareDriver{memory.NewDriver(memory.NewStore())}, nil)
+	l, err := driver.New(bareDriver{memory.NewDriver(memory.NewStore())}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,21 +45,21 @@ func TestInspectUnsupported(t *testing.T) {
 	if !errors.As(err, &oe) || oe.Op != "inspect" || oe.Key != "k" {
 		t.Errorf("Inspect error %#v: want an *OpError with Op inspect, Key k", err)
 	}
-	if _, err := l.Keys(t.Context(), 10); !errors.Is(err, errors.ErrUnsupported) {
+	if _, err := driver.Keys(t.Context(), l, 10); !errors.Is(err, errors.ErrUnsupported) {
 		t.Errorf("Keys on a backend without Inspector: %v, want ErrUnsupported", err)
 	}
 }
 
 func TestInspectChecksBeforeIO(t *testing.T) {
 	d := &countingInspector{Driver: memory.NewDriver(memory.NewStore())}
-	l, err := dlock.New(d, nil)
+	l, err := driver.New(d, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := l.Inspect(t.Context(), ""); !errors.Is(err, dlock.ErrInvalidKey) {
 		t.Errorf("Inspect(\"\"): %v, want ErrInvalidKey", err)
 	}
-	if _, err := l.Keys(t.Context(), -1); !errors.Is(err, dlock.ErrInvalidConfig) {
+	if _, err := driver.Keys(t.Context(), l, -1); !errors.Is(err, dlock.ErrInvalidConfig) {
 		t.Errorf("Keys(-1): %v, want ErrInvalidConfig", err)
 	}
 	if d.calls != 0 {
@@ -74,7 +75,7 @@ func TestInspectChecksBeforeIO(t *testing.T) {
 	if _, err := l.Inspect(t.Context(), "k"); !errors.Is(err, dlock.ErrClosed) {
 		t.Errorf("Inspect after Close: %v, want ErrClosed", err)
 	}
-	if _, err := l.Keys(t.Context(), 1); !errors.Is(err, dlock.ErrClosed) {
+	if _, err := driver.Keys(t.Context(), l, 1); !errors.Is(err, dlock.ErrClosed) {
 		t.Errorf("Keys after Close: %v, want ErrClosed", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/observe"
 )
 
 // Lease is a held lock. Its methods are safe for concurrent use.
@@ -24,7 +25,7 @@ type Lease struct {
 	bl       backend.Lease
 	askedTTL time.Duration
 	wd       *wdEntry  // in the Locker's watchdog; nil without AutoRefresh
-	obs      *leaseObs // for the Locker's Observer; nil without one
+	obs      *leaseObs // for the Locker's observe.Observer; nil without one
 
 	opMu     sync.Mutex // serializes Refresh and Release calls to bl
 	returned bool       // bl.Release succeeded or found the lock gone; under opMu
@@ -99,7 +100,7 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 		ctx, cancel := context.WithTimeout(context.Background(), closeReleaseTimeout)
 		defer cancel()
 		_ = le.release(ctx, ErrClosed)
-		le.end(ErrClosed, EndClosed)
+		le.end(ErrClosed, observe.EndClosed)
 		return nil, ErrClosed
 	}
 	return le, nil
@@ -107,31 +108,6 @@ func (l *Locker) newLease(key string, bl backend.Lease, start time.Time, ao *Acq
 
 // Key returns the lock key.
 func (le *Lease) Key() string { return le.key }
-
-// As lets a caller reach the backend's own view of this lease: it sets
-// *target and reports true when the backend supports the target's type
-// (each backend documents which; etcd supports *etcd.Ownership, for fencing
-// etcd transactions with the lock). It reports false otherwise, and for a
-// nil target (or a nil pointer).
-//
-// A *backend.Lease target receives the driver's lease itself, for the
-// conformance suite and diagnostics: calls on it bypass this Lease's
-// bookkeeping (deadline, Done, the watchdog), so a program should not
-// refresh or release through it.
-func (le *Lease) As(target any) bool {
-	if isNil(target) {
-		return false
-	}
-	switch t := target.(type) {
-	case *backend.Lease:
-		*t = le.bl
-		return true
-	}
-	if a, ok := le.bl.(interface{ As(any) bool }); ok {
-		return a.As(target)
-	}
-	return false
-}
 
 // Token returns the fencing token of this grant (0 if the backend issues
 // none). Pass it to the protected resource with every write, and have the
@@ -287,7 +263,7 @@ func (le *Lease) shortenFor(start time.Time, ttl time.Duration) {
 func (le *Lease) settle(ctx context.Context, start time.Time, ttl, granted time.Duration, err error) error {
 	if err != nil {
 		if errors.Is(err, ErrNotHeld) {
-			le.end(fmt.Errorf("%w: refresh found the lock no longer ours", ErrLeaseLost), EndNotHeld)
+			le.end(fmt.Errorf("%w: refresh found the lock no longer ours", ErrLeaseLost), observe.EndNotHeld)
 			return opErr("refresh", le.key, err)
 		}
 		// The outcome is unknown: the server may have set the new TTL.
@@ -385,23 +361,23 @@ func (le *Lease) release(ctx context.Context, reason error) error {
 	case err == nil:
 		le.returned = true
 		if reason == ErrClosed {
-			le.end(reason, EndClosed)
+			le.end(reason, observe.EndClosed)
 		} else {
-			le.end(reason, EndReleased)
+			le.end(reason, observe.EndReleased)
 		}
 		return nil
 	case errors.Is(err, ErrNotHeld):
 		le.returned = true
-		le.end(fmt.Errorf("%w: release found the lock no longer ours", ErrLeaseLost), EndNotHeld)
+		le.end(fmt.Errorf("%w: release found the lock no longer ours", ErrLeaseLost), observe.EndNotHeld)
 		return err
 	default:
 		// The outcome is unknown: the lock may be free already, so the
 		// lease can no longer be trusted. A later Release tries again
 		// to give the lock back.
 		if reason == ErrClosed {
-			le.end(fmt.Errorf("%w: the release at close failed, the lock may be free: %w", ErrClosed, err), EndClosed)
+			le.end(fmt.Errorf("%w: the release at close failed, the lock may be free: %w", ErrClosed, err), observe.EndClosed)
 		} else {
-			le.end(fmt.Errorf("%w: release failed, the lock may be free: %w", ErrLeaseLost, err), EndReleaseFailed)
+			le.end(fmt.Errorf("%w: release failed, the lock may be free: %w", ErrLeaseLost, err), observe.EndReleaseFailed)
 		}
 		return err
 	}
@@ -418,17 +394,17 @@ func notHeld(reason error) error {
 
 // end ends the lease once, with err as its Err; why classifies it for the
 // Observer.
-func (le *Lease) end(err error, why EndReason) {
+func (le *Lease) end(err error, why observe.EndReason) {
 	le.mu.Lock()
 	defer le.mu.Unlock()
 	le.endLocked(err, why)
 }
 
 // lostByBackend is the backend's loss callback (backend.LossNotifier).
-func (le *Lease) lostByBackend(err error) { le.end(err, EndBackend) }
+func (le *Lease) lostByBackend(err error) { le.end(err, observe.EndBackend) }
 
 // endLocked is end with le.mu held.
-func (le *Lease) endLocked(err error, why EndReason) {
+func (le *Lease) endLocked(err error, why observe.EndReason) {
 	if le.err != nil {
 		return
 	}
@@ -478,7 +454,7 @@ func (le *Lease) checkDeadline() {
 // checkDeadlineLocked is checkDeadline with le.mu held.
 func (le *Lease) checkDeadlineLocked() {
 	if le.err == nil && !time.Now().Before(le.deadline) {
-		le.endLocked(fmt.Errorf("%w: deadline passed without a refresh", ErrLeaseLost), EndExpired)
+		le.endLocked(fmt.Errorf("%w: deadline passed without a refresh", ErrLeaseLost), observe.EndExpired)
 	}
 }
 

@@ -16,20 +16,17 @@
 // the lease-lost signal, the closed state, and errors that name the
 // operation and key.
 //
-// Configuration takes one path, in the manner of gocloud.dev: [Open] hands
-// the URL to [DefaultURLMux], where each imported backend package has
-// registered its URLOpener (redis.URLOpener, etcd.URLOpener, ...). A
-// program that wants its own client, Logger or Options opens URLs through a
-// [URLMux] of its own:
+// Configuration takes one path, in the manner of gocloud.dev: [Open] takes
+// a URL whose scheme picks the backend, among those whose packages the
+// program imports (redis, etcd, zookeeper, redlock, memory); [Config] names
+// one URL per [Purpose]. A program that already has a client passes it to
+// the backend's own constructor (redis.New, etcd.New, ...).
 //
-//	mux := new(dlock.URLMux)
-//	mux.RegisterLocker("redis", &redis.URLOpener{Client: rdb, Options: redis.Options{Locker: &dlock.Options{Logger: log}}})
-//	locker, err := mux.OpenLocker(ctx, "redis://app?ttl=10s")
-//
-// Backend constructors (redis.New, etcd.New, ...) and [New] check Options
-// before any I/O and return an error matching ErrInvalidConfig or
-// ErrInvalidTTL for a bad one. [Options].Logger is the one logger: the
-// Locker and its backend log there.
+// Backend constructors check Options before any I/O and return an error
+// matching ErrInvalidConfig or ErrInvalidTTL for a bad one. [Options].Logger
+// is the one logger: the Locker and its backend log there. Backend authors
+// find the driver interface in package backend and the plumbing that turns
+// a driver into a Locker (and registers a URL scheme) in package driver.
 //
 // A lock is only as safe as the backend's [Guarantees] say. A lease can be
 // lost without the holder noticing in time (a process pause, a clock jump,
@@ -46,17 +43,20 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"reflect"
 	"sync"
 	"time"
 
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/observe"
 )
 
 // Token is a fencing token: it increases strictly per key from one holder to
 // the next (as far as the backend's [Guarantees].Fencing promises). 0 means
-// the backend issues none.
-type Token uint64
+// the backend issues none. Pass it to the protected resource with every
+// write, and have the resource reject tokens lower than the highest it has
+// seen: that, not the lock alone, makes the resource safe from a holder
+// that no longer holds the lock. The same type is in [LockInfo].Token.
+type Token = backend.Token
 
 // Guarantees is what a backend promises; see [backend.Guarantees].
 type Guarantees = backend.Guarantees
@@ -77,33 +77,34 @@ const (
 // MaxKeyLen is the longest key, in bytes, that dlock accepts.
 const MaxKeyLen = backend.MaxKeyLen
 
-// MinTTL is the shortest lease dlock grants on any backend: below it the
-// safety margin of Lease.Deadline would eat the whole lease. Backends may
-// have a higher floor.
-const MinTTL = 10 * time.Millisecond
+// minTTL is the shortest lease dlock grants on any backend (10 ms, see
+// Limits.MinTTL): below it the safety margin of Lease.Deadline would eat
+// the whole lease. Backends may have a higher floor.
+const minTTL = backend.MinTTL
 
-// FailedAttempts is how many attempts in a row must fail with ErrUnavailable
-// before Acquire gives up on the backend (see Acquire). After a failure
-// Acquire backs off for 25–50ms, then 50–100ms (or longer with a larger
-// Options.RetryMin), so a persistent failure ends it within about 150ms plus
-// the attempts' own time.
-const FailedAttempts = 3
+// failedAttempts is how many attempts in a row must fail with
+// ErrUnavailable before Acquire gives up on the backend (see Acquire).
+// After a failure Acquire backs off for 25–50ms, then 50–100ms (or longer
+// with a larger Options.RetryMin), so a persistent failure ends it within
+// about 150ms plus the attempts' own time.
+const failedAttempts = 3
 
-// Defaults used where Options or AcquireOptions leave a field zero.
+// Defaults used where Options or AcquireOptions leave a field zero (the
+// fields' documentation gives their values).
 const (
-	DefaultTTL         = 30 * time.Second
-	DefaultRetryMin    = 5 * time.Millisecond
-	DefaultRetryMax    = 500 * time.Millisecond
-	DefaultDriftFactor = 0.01
-	// DefaultMaxHoldFactor: with AutoRefresh and no MaxHold, the total hold
-	// time is bounded by this many TTLs.
-	DefaultMaxHoldFactor = 10
+	defaultTTL         = backend.DefaultTTL
+	defaultRetryMin    = 5 * time.Millisecond
+	defaultRetryMax    = 500 * time.Millisecond
+	defaultDriftFactor = 0.01
+	// defaultMaxHoldFactor: with AutoRefresh and no MaxHold, the total
+	// hold time is bounded by this many TTLs.
+	defaultMaxHoldFactor = 10
 )
 
 // Options configure a Locker. A nil *Options means all defaults.
 type Options struct {
 	// TTL is the lease time for acquires that do not set one.
-	// Default DefaultTTL (30 s), or the backend's Limits().MaxTTL if that
+	// Default 30 s, or the backend's Limits().MaxTTL if that
 	// is shorter (ZooKeeper's: two thirds of the session timeout less a
 	// server tick, 24.67 s on the default 40 s session).
 	TTL time.Duration
@@ -111,14 +112,15 @@ type Options struct {
 	// between attempts of Acquire on a backend that cannot tell waiters
 	// when a key is freed. The delay never exceeds the holder's remaining
 	// lease when the backend reports it. On a backend that wakes waiters,
-	// RetryMax is the fallback poll interval. Defaults DefaultRetryMin
-	// (5 ms) and DefaultRetryMax (500 ms).
+	// RetryMax is the fallback poll interval. Defaults 5 ms (RetryMin)
+	// and 500 ms (RetryMax, or RetryMin if that is larger).
 	RetryMin, RetryMax time.Duration
 	// DriftFactor is the share of a TTL assumed lost to clock drift between
 	// this process and the servers: Lease.Deadline is the time the grant was
 	// requested plus TTL minus TTL×DriftFactor minus 2 ms. It must be below
-	// 0.5. Default DefaultDriftFactor (0.01); a backend whose algorithm
-	// assumes more (Redlock's drift_factor) raises it to its own.
+	// 0.5. Default 0.01; a backend whose algorithm assumes more (Redlock's
+	// drift_factor, reported in its Limits.DriftFactor) raises it to its
+	// own.
 	DriftFactor float64
 	// Logger receives the Locker's warnings (failed background refreshes,
 	// failed releases at Close) and its backend's (each backend package
@@ -127,9 +129,10 @@ type Options struct {
 	// slog.Default().
 	Logger *slog.Logger
 	// Observer receives the events of acquires and leases, for metrics
-	// and traces (package github.com/dlock-go/dlock/otel adapts it to
-	// OpenTelemetry). Default nil: no events.
-	Observer Observer
+	// and traces (see package observe; package
+	// github.com/dlock-go/dlock/otel adapts it to OpenTelemetry). Default
+	// nil: no events.
+	Observer observe.Observer
 }
 
 // AcquireOptions configure one acquire. A nil *AcquireOptions means all
@@ -149,8 +152,7 @@ type AcquireOptions struct {
 	// it (it asks for a shorter last TTL, allowing for a backend that
 	// rounds TTLs up, see Limits.Resolution), so a stuck holder cannot keep
 	// the lock forever; the lease then expires and Done fires. It must be
-	// at least the TTL as the backend grants it. Default
-	// DefaultMaxHoldFactor × TTL. Without AutoRefresh it bounds nothing,
+	// at least the TTL as the backend grants it. Default 10 × TTL. Without AutoRefresh it bounds nothing,
 	// but it is checked all the same: a negative MaxHold is refused
 	// (ErrInvalidConfig) with or without AutoRefresh.
 	MaxHold time.Duration
@@ -162,6 +164,7 @@ type AcquireOptions struct {
 type Locker struct {
 	drv    backend.Driver
 	limits backend.Limits
+	name   string // the backend's name (Guarantees.Backend), for events
 	opts   Options
 	log    *slog.Logger
 
@@ -184,18 +187,21 @@ type Locker struct {
 	epoch      time.Time
 }
 
-// New returns a Locker over the backend driver d. Backend packages offer
-// constructors that call it (for example redis.New); use New directly only
-// to wrap a driver of your own. Zero fields of opts take their defaults; a
+// newLocker returns a Locker over the backend driver d (package driver's
+// New, which backend constructors call). Zero fields of opts take their defaults; a
 // field out of range (a negative duration, DriftFactor of 0.5 or more,
 // RetryMax below RetryMin, a TTL outside the backend's limits) is an error
 // matching ErrInvalidConfig or ErrInvalidTTL, and New then returns no
 // Locker (d stays open: it is the caller's to close).
-func New(d backend.Driver, opts *Options) (*Locker, error) {
+func newLocker(d backend.Driver, opts *Options) (*Locker, error) {
 	if d == nil {
 		return nil, fmt.Errorf("%w: nil driver", ErrInvalidConfig)
 	}
 	l := &Locker{drv: d, limits: d.Limits(), closeDone: make(chan struct{}), epoch: time.Now()}
+	l.name = d.Guarantees().Backend
+	if l.name == "" {
+		l.name = "unknown"
+	}
 	if opts != nil {
 		l.opts = *opts
 	}
@@ -206,22 +212,22 @@ func New(d backend.Driver, opts *Options) (*Locker, error) {
 	l.wd.l = l
 	l.closing, l.close = context.WithCancel(context.Background())
 	if o.TTL == 0 {
-		o.TTL = DefaultTTL
+		o.TTL = defaultTTL
 		if m := l.limits.MaxTTL; m > 0 && m < o.TTL {
 			o.TTL = m // a backend whose leases cannot last that long
 		}
 	}
 	if o.RetryMin == 0 {
-		o.RetryMin = DefaultRetryMin
+		o.RetryMin = defaultRetryMin
 	}
 	if o.RetryMax == 0 {
-		o.RetryMax = max(DefaultRetryMax, o.RetryMin)
+		o.RetryMax = max(defaultRetryMax, o.RetryMin)
 	}
 	if o.DriftFactor == 0 {
-		o.DriftFactor = DefaultDriftFactor
+		o.DriftFactor = defaultDriftFactor
 	}
-	if df, ok := d.(backend.Drifter); ok && df.DriftFactor() > o.DriftFactor {
-		o.DriftFactor = df.DriftFactor() // the backend's algorithm needs more room
+	if df := l.limits.DriftFactor; df > o.DriftFactor {
+		o.DriftFactor = df // the backend's algorithm needs more room
 	}
 	l.log = o.Logger
 	if l.log == nil {
@@ -261,39 +267,8 @@ func (l *Locker) Guarantees() Guarantees {
 // fail with ErrInvalidTTL before any I/O.
 func (l *Locker) Limits() Limits {
 	lim := l.limits
-	lim.MinTTL = max(lim.MinTTL, MinTTL)
+	lim.MinTTL = max(lim.MinTTL, minTTL)
 	return lim
-}
-
-// As lets a caller reach the backend's own types: it sets *target and
-// reports true when the backend driver supports the target's type (each
-// backend documents which), for example a *goredis.UniversalClient. It
-// reports false otherwise, and for a nil target (or a nil pointer). A
-// *backend.Driver target
-// receives the driver itself (for the conformance suite and diagnostics).
-func (l *Locker) As(target any) bool {
-	if isNil(target) {
-		return false
-	}
-	switch t := target.(type) {
-	case *backend.Driver:
-		*t = l.drv
-		return true
-	}
-	if a, ok := l.drv.(interface{ As(any) bool }); ok {
-		return a.As(target)
-	}
-	return false
-}
-
-// isNil reports whether an As target is nil or a nil pointer, which As
-// cannot set.
-func isNil(target any) bool {
-	if target == nil {
-		return true
-	}
-	v := reflect.ValueOf(target)
-	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
 // Acquire takes the lock on key, waiting while another holder has it, until
@@ -301,7 +276,7 @@ func isNil(target any) bool {
 // ends first the error matches both ErrNotAcquired and ctx.Err(), and nothing
 // is left behind on the server.
 //
-// A backend fails when FailedAttempts attempts in a row end with
+// A backend fails when three attempts in a row end with
 // ErrUnavailable: a single failed attempt (a dropped connection, a Redlock
 // round whose majority did not answer within the per-node timeout) is tried
 // again after a short jittered delay, as the Redlock algorithm prescribes,
@@ -367,7 +342,7 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 			return true
 		case errors.Is(err, ErrUnavailable) && ctx.Err() == nil:
 			failures++
-			return failures < FailedAttempts
+			return failures < failedAttempts
 		}
 		return false
 	}
@@ -598,8 +573,8 @@ func (l *Locker) check(key string, ao *AcquireOptions) error {
 		return fmt.Errorf("%w: MaxHold %v is negative", ErrInvalidConfig, ao.MaxHold)
 	}
 	if ao.AutoRefresh && ao.MaxHold == 0 {
-		ao.MaxHold = DefaultMaxHoldFactor * ao.TTL
-		if ao.MaxHold/DefaultMaxHoldFactor != ao.TTL { // overflow: a TTL of centuries
+		ao.MaxHold = defaultMaxHoldFactor * ao.TTL
+		if ao.MaxHold/defaultMaxHoldFactor != ao.TTL { // overflow: a TTL of centuries
 			ao.MaxHold = math.MaxInt64
 		}
 	}
@@ -648,7 +623,7 @@ func (l *Locker) checkTTL(ttl time.Duration) error { return checkTTL(ttl, l.limi
 
 // checkTTL checks ttl against dlock's floor and a backend's limits.
 func checkTTL(ttl time.Duration, lim Limits) error {
-	floor := max(MinTTL, lim.MinTTL)
+	floor := max(minTTL, lim.MinTTL)
 	switch {
 	case ttl < 0:
 		return fmt.Errorf("%w: %v is negative", ErrInvalidTTL, ttl)
@@ -812,7 +787,7 @@ func (l *Locker) Close() error {
 			if err := le.release(ctx, ErrClosed); err != nil && !errors.Is(err, ErrNotHeld) {
 				l.log.Warn("dlock: release at close failed; the lock stays until its TTL ends", "key", le.key, "err", err)
 			}
-			le.end(ErrClosed, EndClosed) // if the release failed
+			le.end(ErrClosed, observe.EndClosed) // if the release failed
 		}()
 	}
 	wg.Wait()

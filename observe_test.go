@@ -9,8 +9,9 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
-	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/memory"
+	"github.com/dlock-go/dlock/observe"
 )
 
 // recorder is an Observer that records every event, in order.
@@ -34,20 +35,20 @@ func (r *recorder) add(ctx context.Context, e any) {
 	}
 }
 
-func (r *recorder) AcquireStart(ctx context.Context, e dlock.AcquireStartEvent) context.Context {
+func (r *recorder) AcquireStart(ctx context.Context, e observe.AcquireStartEvent) context.Context {
 	r.add(ctx, e)
 	return context.WithValue(ctx, ctxKey{}, "from AcquireStart")
 }
 
-func (r *recorder) AcquireEnd(ctx context.Context, e dlock.AcquireEndEvent) {
+func (r *recorder) AcquireEnd(ctx context.Context, e observe.AcquireEndEvent) {
 	if ctx.Value(ctxKey{}) != "from AcquireStart" {
 		panic("AcquireEnd did not get the context AcquireStart returned")
 	}
 	r.add(ctx, e)
 }
-func (r *recorder) Refresh(ctx context.Context, e dlock.RefreshEvent) { r.add(ctx, e) }
-func (r *recorder) Release(ctx context.Context, e dlock.ReleaseEvent) { r.add(ctx, e) }
-func (r *recorder) LeaseEnd(e dlock.LeaseEndEvent)                    { r.add(context.Background(), e) }
+func (r *recorder) Refresh(ctx context.Context, e observe.RefreshEvent) { r.add(ctx, e) }
+func (r *recorder) Release(ctx context.Context, e observe.ReleaseEvent) { r.add(ctx, e) }
+func (r *recorder) LeaseEnd(e observe.LeaseEndEvent)                    { r.add(context.Background(), e) }
 
 // all returns the events recorded so far.
 func (r *recorder) all() []any {
@@ -109,36 +110,36 @@ func TestObserverAcquireRelease(t *testing.T) {
 	if err := le.Release(t.Context()); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("second Release = %v, want ErrNotHeld", err)
 	}
-	ends := waitFor[dlock.LeaseEndEvent](t, r, 1)
+	ends := waitFor[observe.LeaseEndEvent](t, r, 1)
 
 	events := r.all()
 	if len(events) != 5 {
 		t.Fatalf("events = %+v, want AcquireStart, AcquireEnd, Release, LeaseEnd, Release (5)", events)
 	}
-	if e := events[0].(dlock.AcquireStartEvent); e != (dlock.AcquireStartEvent{Backend: "memory", Key: "k", Try: true}) {
+	if e := events[0].(observe.AcquireStartEvent); e != (observe.AcquireStartEvent{Backend: "memory", Key: "k", Try: true}) {
 		t.Errorf("AcquireStart = %+v", e)
 	}
-	ae := events[1].(dlock.AcquireEndEvent)
-	if ae.Backend != "memory" || ae.Key != "k" || !ae.Try || ae.Outcome != dlock.AcquireAcquired || ae.Err != nil ||
+	ae := events[1].(observe.AcquireEndEvent)
+	if ae.Backend != "memory" || ae.Key != "k" || !ae.Try || ae.Outcome != observe.AcquireAcquired || ae.Err != nil ||
 		ae.Attempts != 1 || ae.Token != le.Token() || ae.Token == 0 || ae.TTL != time.Minute || ae.Wait <= 0 {
 		t.Errorf("AcquireEnd = %+v", ae)
 	}
-	var rels []dlock.ReleaseEvent
+	var rels []observe.ReleaseEvent
 	for _, e := range events[2:] {
-		if e, ok := e.(dlock.ReleaseEvent); ok {
+		if e, ok := e.(observe.ReleaseEvent); ok {
 			rels = append(rels, e)
 		}
 	}
 	if len(rels) != 2 {
 		t.Fatalf("Release events = %+v, want 2", rels)
 	}
-	if e := rels[0]; e.Backend != "memory" || e.Key != "k" || e.Token != le.Token() || e.Outcome != dlock.ReleaseReleased || e.Err != nil || e.Duration <= 0 {
+	if e := rels[0]; e.Backend != "memory" || e.Key != "k" || e.Token != le.Token() || e.Outcome != observe.ReleaseReleased || e.Err != nil || e.Duration <= 0 {
 		t.Errorf("first Release = %+v", e)
 	}
-	if e := rels[1]; e.Outcome != dlock.ReleaseNotHeld || !errors.Is(e.Err, dlock.ErrNotHeld) {
+	if e := rels[1]; e.Outcome != observe.ReleaseNotHeld || !errors.Is(e.Err, dlock.ErrNotHeld) {
 		t.Errorf("second Release = %+v, want not_held", e)
 	}
-	if e := ends[0]; e.Backend != "memory" || e.Key != "k" || e.Token != le.Token() || e.Reason != dlock.EndReleased ||
+	if e := ends[0]; e.Backend != "memory" || e.Key != "k" || e.Token != le.Token() || e.Reason != observe.EndReleased ||
 		e.Reason.Lost() || !errors.Is(e.Err, dlock.ErrNotHeld) || e.Held <= 0 {
 		t.Errorf("LeaseEnd = %+v", e)
 	}
@@ -180,24 +181,24 @@ func TestObserverAcquireOutcomes(t *testing.T) {
 	}
 	le.Release(t.Context())
 
-	ends := of[dlock.AcquireEndEvent](r)
+	ends := of[observe.AcquireEndEvent](r)
 	if len(ends) != 5 {
 		t.Fatalf("AcquireEnd events = %+v, want 5", ends)
 	}
 	want := []struct {
 		try      bool
-		outcome  dlock.AcquireOutcome
+		outcome  observe.AcquireOutcome
 		attempts func(int) bool
 	}{
-		{true, dlock.AcquireAcquired, func(n int) bool { return n == 1 }},
-		{true, dlock.AcquireNotAcquired, func(n int) bool { return n == 1 }},
-		{false, dlock.AcquireCancelled, func(n int) bool { return n >= 1 }},
-		{true, dlock.AcquireError, func(n int) bool { return n == 0 }},
-		{false, dlock.AcquireAcquired, func(n int) bool { return n >= 2 }},
+		{true, observe.AcquireAcquired, func(n int) bool { return n == 1 }},
+		{true, observe.AcquireNotAcquired, func(n int) bool { return n == 1 }},
+		{false, observe.AcquireCancelled, func(n int) bool { return n >= 1 }},
+		{true, observe.AcquireError, func(n int) bool { return n == 0 }},
+		{false, observe.AcquireAcquired, func(n int) bool { return n >= 2 }},
 	}
 	for i, w := range want {
 		e := ends[i]
-		if e.Try != w.try || e.Outcome != w.outcome || !w.attempts(e.Attempts) || (e.Outcome == dlock.AcquireAcquired) != (e.Err == nil) {
+		if e.Try != w.try || e.Outcome != w.outcome || !w.attempts(e.Attempts) || (e.Outcome == observe.AcquireAcquired) != (e.Err == nil) {
 			t.Errorf("AcquireEnd %d = %+v, want Try %v, Outcome %v", i, e, w.try, w.outcome)
 		}
 	}
@@ -218,7 +219,7 @@ func TestObserverAcquireOutcomes(t *testing.T) {
 	if _, err := l.TryAcquire(ended, "", nil); !errors.Is(err, dlock.ErrInvalidKey) {
 		t.Fatalf("TryAcquire of an empty key with an ended context = %v", err)
 	}
-	if e := of[dlock.AcquireEndEvent](r)[5]; e.Outcome != dlock.AcquireError || !errors.Is(e.Err, dlock.ErrInvalidKey) {
+	if e := of[observe.AcquireEndEvent](r)[5]; e.Outcome != observe.AcquireError || !errors.Is(e.Err, dlock.ErrInvalidKey) {
 		t.Errorf("AcquireEnd of a bad key with an ended context = %+v, want Outcome error", e)
 	}
 
@@ -227,7 +228,7 @@ func TestObserverAcquireOutcomes(t *testing.T) {
 	if _, err := l.TryAcquire(t.Context(), "k", nil); !errors.Is(err, dlock.ErrClosed) {
 		t.Fatalf("TryAcquire after Close = %v", err)
 	}
-	if e := of[dlock.AcquireEndEvent](r)[6]; e.Outcome != dlock.AcquireError || !errors.Is(e.Err, dlock.ErrClosed) {
+	if e := of[observe.AcquireEndEvent](r)[6]; e.Outcome != observe.AcquireError || !errors.Is(e.Err, dlock.ErrClosed) {
 		t.Errorf("AcquireEnd after Close = %+v", e)
 	}
 }
@@ -243,8 +244,8 @@ func TestObserverLossByBackend(t *testing.T) {
 	if !s.Expire("k") {
 		t.Fatal("Expire found no lock")
 	}
-	e := waitFor[dlock.LeaseEndEvent](t, r, 1)[0]
-	if e.Reason != dlock.EndBackend || !e.Reason.Lost() || !errors.Is(e.Err, dlock.ErrLeaseLost) || e.Token != le.Token() || e.Key != "k" {
+	e := waitFor[observe.LeaseEndEvent](t, r, 1)[0]
+	if e.Reason != observe.EndBackend || !e.Reason.Lost() || !errors.Is(e.Err, dlock.ErrLeaseLost) || e.Token != le.Token() || e.Key != "k" {
 		t.Errorf("LeaseEnd = %+v, want a loss reported by the backend", e)
 	}
 	if !errors.Is(le.Err(), dlock.ErrLeaseLost) {
@@ -261,26 +262,26 @@ func TestObserverExpiredAndClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-short.Done()
-	waitFor[dlock.LeaseEndEvent](t, r, 1)
+	waitFor[observe.LeaseEndEvent](t, r, 1)
 	if _, err := l.TryAcquire(t.Context(), "long", nil); err != nil {
 		t.Fatal(err)
 	}
 	l.Close() // waits for the LeaseEnd calls
-	ends := of[dlock.LeaseEndEvent](r)
+	ends := of[observe.LeaseEndEvent](r)
 	if len(ends) != 2 {
 		t.Fatalf("LeaseEnd events = %+v, want 2", ends)
 	}
-	if e := ends[0]; e.Key != "short" || e.Reason != dlock.EndExpired || !e.Reason.Lost() {
+	if e := ends[0]; e.Key != "short" || e.Reason != observe.EndExpired || !e.Reason.Lost() {
 		t.Errorf("first LeaseEnd = %+v, want short expired", e)
 	}
-	if e := ends[1]; e.Key != "long" || e.Reason != dlock.EndClosed || e.Reason.Lost() || !errors.Is(e.Err, dlock.ErrClosed) {
+	if e := ends[1]; e.Key != "long" || e.Reason != observe.EndClosed || e.Reason.Lost() || !errors.Is(e.Err, dlock.ErrClosed) {
 		t.Errorf("second LeaseEnd = %+v, want long closed", e)
 	}
 }
 
 // A failed Refresh is reported with its error; one that finds the lock
-// gone ends the lease with EndNotHeld. The backend's name is "unknown"
-// for a driver that is not a backend.Namer.
+// gone ends the lease with EndNotHeld. The backend's name is the
+// Guarantees.Backend of the driver (here the wrapped memory driver's).
 func TestObserverRefresh(t *testing.T) {
 	s := memory.NewStore()
 	d := &flakyDriver{Driver: memory.NewDriver(s)} // no NotifyLoss: the store's Expire goes unnoticed
@@ -304,11 +305,11 @@ func TestObserverRefresh(t *testing.T) {
 		t.Fatalf("Refresh of an expired lock = %v", err)
 	}
 
-	refs := of[dlock.RefreshEvent](r)
+	refs := of[observe.RefreshEvent](r)
 	if len(refs) != 3 {
 		t.Fatalf("Refresh events = %+v, want 3", refs)
 	}
-	if e := refs[0]; e.Backend != "unknown" || e.Key != "k" || e.Token != le.Token() || e.Auto || e.TTL != 20*time.Second ||
+	if e := refs[0]; e.Backend != "memory" || e.Key != "k" || e.Token != le.Token() || e.Auto || e.TTL != 20*time.Second ||
 		e.Granted != 20*time.Second || e.Err != nil || e.Duration <= 0 {
 		t.Errorf("first Refresh = %+v", e)
 	}
@@ -318,8 +319,8 @@ func TestObserverRefresh(t *testing.T) {
 	if e := refs[2]; !errors.Is(e.Err, dlock.ErrNotHeld) {
 		t.Errorf("Refresh of an expired lock = %+v", e)
 	}
-	e := waitFor[dlock.LeaseEndEvent](t, r, 1)[0]
-	if e.Reason != dlock.EndNotHeld || !e.Reason.Lost() || e.Backend != "unknown" {
+	e := waitFor[observe.LeaseEndEvent](t, r, 1)[0]
+	if e.Reason != observe.EndNotHeld || !e.Reason.Lost() || e.Backend != "memory" {
 		t.Errorf("LeaseEnd = %+v, want not_held", e)
 	}
 }
@@ -335,12 +336,12 @@ func TestObserverAutoRefresh(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e := waitFor[dlock.RefreshEvent](t, r, 1)[0]; !e.Auto || e.Err != nil || e.Granted != 300*time.Millisecond || e.Token != le.Token() {
+	if e := waitFor[observe.RefreshEvent](t, r, 1)[0]; !e.Auto || e.Err != nil || e.Granted != 300*time.Millisecond || e.Token != le.Token() {
 		t.Errorf("first background Refresh = %+v", e)
 	}
 	d.down.Store(true)
 	for {
-		refs := waitFor[dlock.RefreshEvent](t, r, len(of[dlock.RefreshEvent](r))+1)
+		refs := waitFor[observe.RefreshEvent](t, r, len(of[observe.RefreshEvent](r))+1)
 		if e := refs[len(refs)-1]; e.Err != nil {
 			if !e.Auto || !errors.Is(e.Err, dlock.ErrUnavailable) || e.Granted != 0 {
 				t.Errorf("failed background Refresh = %+v", e)
@@ -349,7 +350,7 @@ func TestObserverAutoRefresh(t *testing.T) {
 		}
 	}
 	// Still down: the lease runs out.
-	if e := waitFor[dlock.LeaseEndEvent](t, r, 1)[0]; e.Reason != dlock.EndExpired {
+	if e := waitFor[observe.LeaseEndEvent](t, r, 1)[0]; e.Reason != observe.EndExpired {
 		t.Errorf("LeaseEnd = %+v, want expired", e)
 	}
 }
@@ -370,12 +371,12 @@ func TestObserverHooksMayCallBack(t *testing.T) {
 		le := lease
 		mu.Unlock()
 		switch e := e.(type) {
-		case dlock.AcquireEndEvent:
+		case observe.AcquireEndEvent:
 			if e.Key == "k" && le != nil {
 				le.Err()
 				le.Deadline()
 			}
-		case dlock.RefreshEvent:
+		case observe.RefreshEvent:
 			// From the watchdog: release the lease being refreshed.
 			if le == nil {
 				return // not set yet: the next refresh
@@ -383,7 +384,7 @@ func TestObserverHooksMayCallBack(t *testing.T) {
 			if err := le.Release(ctx); err != nil {
 				t.Errorf("Release from the Refresh hook = %v", err)
 			}
-		case dlock.LeaseEndEvent:
+		case observe.LeaseEndEvent:
 			if e.Token != 1 {
 				return // the lease taken again below
 			}
@@ -432,9 +433,7 @@ func TestObserverNil(t *testing.T) {
 	if err := le.Release(t.Context()); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatal(err)
 	}
-	var d backend.Driver
-	l.As(&d)
-	if n, ok := d.(backend.Namer); !ok || n.Name() != "memory" {
-		t.Errorf("the memory driver's Name = %v", d)
+	if n := driver.DriverOf(l).Guarantees().Backend; n != "memory" {
+		t.Errorf("the memory driver's Guarantees().Backend = %q", n)
 	}
 }

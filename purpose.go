@@ -4,12 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net/url"
-	"os"
 	"strings"
 )
 
 // Purpose says what a lock is for. Opening a Locker for a purpose its
-// backend cannot deliver fails (see [URLMux.OpenLockerURL] and [Purpose.Check]), so that
+// backend cannot deliver fails (see [Open] and [Config.Open]), so that
 // choosing a backend stays a configuration change that cannot silently
 // weaken a lock that protects data.
 type Purpose string
@@ -25,9 +24,9 @@ const (
 	Correctness Purpose = "correctness"
 )
 
-// Check returns nil if a backend with guarantees g serves p, else an error
+// check returns nil if a backend with guarantees g serves p, else an error
 // wrapping ErrInvalidConfig that says why and what to use instead.
-func (p Purpose) Check(g Guarantees) error {
+func (p Purpose) check(g Guarantees) error {
 	switch p {
 	case Efficiency:
 		return nil
@@ -59,8 +58,8 @@ func (p Purpose) Check(g Guarantees) error {
 const unsafeOverrideParam = "unsafe_accept_clock_dependent_lock"
 
 // Config is an application's lock configuration, one URL per purpose, as
-// loaded from a file (it has JSON tags) or from the environment
-// ([ConfigFromEnv]). Code asks for a purpose; the configuration says which
+// loaded from a file (it has JSON tags) or from the environment. Code asks
+// for a purpose; the configuration says which
 // backend serves it, so swapping Redis for etcd is a change of
 // configuration, not of code:
 //
@@ -75,31 +74,12 @@ type Config struct {
 	// Correctness is the URL of the Locker for locks that protect data.
 	// Opening it fails unless the backend serves correctness.
 	Correctness string `json:"correctness"`
-	// Mux opens the URLs. Default nil: [DefaultURLMux], where imported
-	// backend packages register their schemes. Set it to open them with
-	// clients, Loggers or Options of the program's own (see [URLMux]).
-	Mux *URLMux `json:"-"`
-}
-
-// The environment variables ConfigFromEnv reads.
-const (
-	efficiencyEnv  = "DLOCK_EFFICIENCY_URL"
-	correctnessEnv = "DLOCK_CORRECTNESS_URL"
-)
-
-// ConfigFromEnv reads a Config from DLOCK_EFFICIENCY_URL and
-// DLOCK_CORRECTNESS_URL (Mux nil: the default mux). A variable that is
-// unset or empty leaves its purpose without a URL: [Config.Open] of it
-// fails with an error that names both variables.
-func ConfigFromEnv() Config {
-	return Config{Efficiency: os.Getenv(efficiencyEnv), Correctness: os.Getenv(correctnessEnv)}
 }
 
 // Open opens the Locker for purpose p: the URL configured for it, opened
-// with purpose=p by c.Mux (default [DefaultURLMux]), so that the mux
-// refuses a backend that cannot serve it.
-// A purpose without a URL is an error wrapping ErrInvalidConfig, which
-// names the field and the environment variables of [ConfigFromEnv].
+// as [Open] opens it with purpose=p, so that a backend that cannot serve p
+// is refused. A purpose without a URL is an error wrapping
+// ErrInvalidConfig, which names the field.
 func (c Config) Open(ctx context.Context, p Purpose) (*Locker, error) {
 	var raw, field string
 	switch p {
@@ -111,16 +91,13 @@ func (c Config) Open(ctx context.Context, p Purpose) (*Locker, error) {
 		return nil, opErr("open", "", fmt.Errorf("%w: unknown purpose %q (want %q or %q)", ErrInvalidConfig, string(p), Efficiency, Correctness))
 	}
 	if raw == "" {
-		return nil, opErr("open", "", fmt.Errorf("%w: no URL configured for purpose %q (Config.%s is empty; ConfigFromEnv reads %s and %s)",
-			ErrInvalidConfig, p, field, efficiencyEnv, correctnessEnv))
+		return nil, opErr("open", "", fmt.Errorf("%w: no URL configured for purpose %q (Config.%s is empty)",
+			ErrInvalidConfig, p, field))
 	}
-	mux := c.Mux
-	if mux == nil {
-		mux = DefaultURLMux()
-	}
+	mux := defaultMux
 	u, err := url.Parse(raw)
 	if err != nil || atAfterHost(u, raw) {
-		return mux.OpenLocker(ctx, raw) // which reports the bad URL without its password
+		return mux.Open(ctx, raw) // which reports the bad URL without its password
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
@@ -131,5 +108,5 @@ func (c Config) Open(ctx context.Context, p Purpose) (*Locker, error) {
 	}
 	q.Set("purpose", string(p))
 	u.RawQuery = q.Encode()
-	return mux.OpenLockerURL(ctx, u)
+	return mux.OpenURL(ctx, u)
 }

@@ -25,12 +25,12 @@ func TestPurposeCheck(t *testing.T) {
 		{dlock.Correctness, dlock.Guarantees{Fencing: dlock.FencingNone}, false},
 		{dlock.Purpose("speed"), consensus, false},
 	} {
-		err := tc.p.Check(tc.g)
+		err := dlock.CheckPurpose(tc.p, tc.g)
 		if (err == nil) != tc.fits || (err != nil && !errors.Is(err, dlock.ErrInvalidConfig)) {
 			t.Errorf("%q.Check(%+v) = %v; want fits=%v (else ErrInvalidConfig)", tc.p, tc.g, err, tc.fits)
 		}
 	}
-	err := dlock.Correctness.Check(redisLike)
+	err := dlock.CheckPurpose(dlock.Correctness, redisLike)
 	for _, want := range []string{"best-effort", "clocks", "etcd or ZooKeeper", "unsafe_accept_clock_dependent_lock=true"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
@@ -79,28 +79,19 @@ func TestConfigOpen(t *testing.T) {
 			t.Errorf("%+v.Open(%q) = %v; want ErrInvalidConfig", bad.c, bad.p, err)
 		}
 	}
-	t.Setenv("DLOCK_CORRECTNESS_URL", "mem://env")
-	if got := dlock.ConfigFromEnv().Correctness; got != "mem://env" {
-		t.Errorf("ConfigFromEnv().Correctness = %q", got)
-	}
 }
 
-// TestConfigFromEnvUnset: with neither variable set, opening either
-// purpose fails before any I/O with an error that names both variables
-// ConfigFromEnv reads.
-func TestConfigFromEnvUnset(t *testing.T) {
-	t.Setenv("DLOCK_EFFICIENCY_URL", "")
-	t.Setenv("DLOCK_CORRECTNESS_URL", "")
-	c := dlock.ConfigFromEnv()
+// TestConfigUnset: with no URL for a purpose, opening it fails before any
+// I/O with an error that names the empty field.
+func TestConfigUnset(t *testing.T) {
+	var c dlock.Config
 	for _, p := range []dlock.Purpose{dlock.Efficiency, dlock.Correctness} {
 		_, err := c.Open(t.Context(), p)
 		if !errors.Is(err, dlock.ErrInvalidConfig) {
-			t.Fatalf("ConfigFromEnv().Open(%q) with nothing set = %v, want ErrInvalidConfig", p, err)
+			t.Fatalf("Config{}.Open(%q) = %v, want ErrInvalidConfig", p, err)
 		}
-		for _, v := range []string{"DLOCK_EFFICIENCY_URL", "DLOCK_CORRECTNESS_URL"} {
-			if !strings.Contains(err.Error(), v) {
-				t.Errorf("ConfigFromEnv().Open(%q) with nothing set = %v, want it to name %s", p, err, v)
-			}
+		if want := "Config." + strings.ToUpper(string(p[0])) + string(p[1:]) + " is empty"; !strings.Contains(err.Error(), want) {
+			t.Errorf("Config{}.Open(%q) = %v, want it to say %q", p, err, want)
 		}
 	}
 }

@@ -13,52 +13,38 @@ import (
 	"github.com/dlock-go/dlock/backend"
 )
 
-// URLOpener opens a Locker from a URL. Each backend package has one (for
-// example redis.URLOpener), which its init registers on [DefaultURLMux];
-// a program that wants its own client, Logger or Options registers its own
-// on a [URLMux] of its own.
-//
-// The URL an opener receives from a URLMux no longer holds the parameters
-// the mux owns (purpose, unsafe_accept_clock_dependent_lock). The opener
-// takes the Locker's parameters (ttl) with [OptionsFromURL], and must
-// reject any parameter left that it does not know, with an error wrapping
-// ErrInvalidConfig, before any I/O.
-type URLOpener interface {
-	OpenLockerURL(ctx context.Context, u *url.URL) (*Locker, error)
-}
-
-// GuaranteesDeclarer is an optional interface of a [URLOpener]: Guarantees
-// reports what every Locker it opens promises at best (its fencing grade
-// and whether it depends on clocks), so that a URLMux refuses a purpose the
-// backend cannot serve before any I/O. Without it the mux checks the
-// Locker's Guarantees after opening.
-type GuaranteesDeclarer interface {
-	Guarantees() Guarantees
-}
-
-// URLMux maps URL schemes to URLOpeners. Its zero value is an empty mux,
-// ready to use. It is safe for concurrent use.
-type URLMux struct {
+// urlMux maps URL schemes to the functions that open them: the mux behind
+// [Open] and [Config.Open], and behind package driver's URLMux (which
+// reaches it through internal/hook, as its methods say). Its zero value is
+// an empty mux, ready to use. It is safe for concurrent use.
+type urlMux struct {
 	mu      sync.RWMutex
-	openers map[string]URLOpener
+	openers map[string]urlOpener
 }
 
-var defaultURLMux = new(URLMux)
+// urlOpener is what a urlMux keeps for a scheme.
+type urlOpener struct {
+	// open opens a Locker for a URL, without the parameters the mux owns.
+	open func(context.Context, *url.URL) (*Locker, error)
+	// declared, if not nil, reports what every Locker open opens promises
+	// at best (driver.GuaranteesDeclarer), so that the mux refuses a
+	// purpose the backend cannot serve before any I/O.
+	declared func() Guarantees
+}
 
-// DefaultURLMux returns the URLMux that [Open] uses. Backend packages
-// register their schemes on it from init, so importing one (for its side
-// effect, with the blank identifier if need be) is enough.
-func DefaultURLMux() *URLMux { return defaultURLMux }
+// defaultMux is the mux of Open and Config.Open, where backend packages
+// register their schemes (driver.DefaultURLMux).
+var defaultMux = new(urlMux)
 
-// RegisterLocker makes opener open the URLs of scheme (case-insensitive).
-// It panics if opener is nil, the scheme is empty, or the scheme is
-// registered already.
-func (m *URLMux) RegisterLocker(scheme string, opener URLOpener) {
+// Register makes open open the URLs of scheme (case-insensitive); declared
+// may be nil. It panics if the scheme is empty or registered already
+// (driver.URLMux.RegisterLocker checks the opener).
+func (m *urlMux) Register(scheme string, open func(context.Context, *url.URL) (*Locker, error), declared func() Guarantees) {
 	scheme = strings.ToLower(scheme)
 	if scheme == "" {
 		panic("dlock: RegisterLocker with an empty scheme")
 	}
-	if opener == nil || isNil(opener) {
+	if open == nil {
 		panic("dlock: RegisterLocker opener is nil for scheme " + scheme)
 	}
 	m.mu.Lock()
@@ -67,22 +53,21 @@ func (m *URLMux) RegisterLocker(scheme string, opener URLOpener) {
 		panic("dlock: RegisterLocker called twice for scheme " + scheme)
 	}
 	if m.openers == nil {
-		m.openers = map[string]URLOpener{}
+		m.openers = map[string]urlOpener{}
 	}
-	m.openers[scheme] = opener
+	m.openers[scheme] = urlOpener{open: open, declared: declared}
 }
 
-// ValidLockerScheme reports whether scheme (case-insensitive) is
-// registered.
-func (m *URLMux) ValidLockerScheme(scheme string) bool {
+// ValidScheme reports whether scheme (case-insensitive) is registered.
+func (m *urlMux) ValidScheme(scheme string) bool {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	_, ok := m.openers[strings.ToLower(scheme)]
 	return ok
 }
 
-// LockerSchemes returns the registered URL schemes, sorted.
-func (m *URLMux) LockerSchemes() []string {
+// Schemes returns the registered URL schemes, sorted.
+func (m *urlMux) Schemes() []string {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	s := make([]string, 0, len(m.openers))
@@ -93,8 +78,8 @@ func (m *URLMux) LockerSchemes() []string {
 	return s
 }
 
-// OpenLocker parses rawURL and opens it with [URLMux.OpenLockerURL].
-func (m *URLMux) OpenLocker(ctx context.Context, rawURL string) (*Locker, error) {
+// Open parses rawURL and opens it with OpenURL.
+func (m *urlMux) Open(ctx context.Context, rawURL string) (*Locker, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		// Not err itself: a url.Error quotes the whole URL, and its inner
@@ -110,7 +95,7 @@ func (m *URLMux) OpenLocker(ctx context.Context, rawURL string) (*Locker, error)
 		return nil, opErr("open", "", fmt.Errorf("%w: %s with an '@' after its host and no user: a '/', '?' or '#' in a password must be %%-escaped "+
 			"(an '@' elsewhere as %%40); its text is not shown, as it may hold a password", ErrInvalidConfig, urlScheme(rawURL)))
 	}
-	return m.OpenLockerURL(ctx, u)
+	return m.OpenURL(ctx, u)
 }
 
 // atAfterHost reports whether rawURL, parsed as u, has no user information
@@ -182,23 +167,11 @@ func urlProblem(err error) string {
 	return "malformed"
 }
 
-// OpenLockerURL returns a Locker for u, opened by the URLOpener registered
-// for its scheme. The mux takes out the parameters it owns:
-//
-//	purpose  efficiency (the default) or correctness: what the lock is
-//	         for. Opening a backend for correctness fails unless its
-//	         Guarantees report consensus fencing and no clock dependence
-//	         (etcd, ZooKeeper); see [Purpose]. An opener that declares
-//	         its Guarantees ([GuaranteesDeclarer]) is refused before any
-//	         I/O.
-//	unsafe_accept_clock_dependent_lock
-//	         true opens it anyway (logged as a warning by the Locker's
-//	         Logger), for those who accept the risk
-//
-// and hands the rest to the opener. Errors are *OpError values (Op "open")
-// wrapping the cause; an unknown scheme or a malformed URL matches
-// ErrInvalidConfig.
-func (m *URLMux) OpenLockerURL(ctx context.Context, u *url.URL) (*Locker, error) {
+// OpenURL returns a Locker for u, opened by the function registered for
+// its scheme, after taking out the parameters the mux owns (purpose and
+// unsafe_accept_clock_dependent_lock; see Open and driver.URLMux's
+// OpenLockerURL).
+func (m *urlMux) OpenURL(ctx context.Context, u *url.URL) (*Locker, error) {
 	if u == nil {
 		return nil, opErr("open", "", fmt.Errorf("%w: nil URL", ErrInvalidConfig))
 	}
@@ -207,7 +180,7 @@ func (m *URLMux) OpenLockerURL(ctx context.Context, u *url.URL) (*Locker, error)
 	m.mu.RUnlock()
 	if !ok {
 		return nil, opErr("open", "", fmt.Errorf("%w: unknown scheme %q in %s (registered: %s; forgotten import?)",
-			ErrInvalidConfig, u.Scheme, u.Redacted(), strings.Join(m.LockerSchemes(), ", ")))
+			ErrInvalidConfig, u.Scheme, u.Redacted(), strings.Join(m.Schemes(), ", ")))
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
@@ -229,14 +202,14 @@ func (m *URLMux) OpenLockerURL(ctx context.Context, u *url.URL) (*Locker, error)
 		override = v[0] == "true"
 		q.Del(unsafeOverrideParam)
 	}
-	if d, ok := opener.(GuaranteesDeclarer); ok && !override {
-		if err := purpose.Check(d.Guarantees()); err != nil {
+	if opener.declared != nil && !override {
+		if err := purpose.check(opener.declared()); err != nil {
 			return nil, opErr("open", "", err) // before any I/O
 		}
 	}
 	rest := *u
 	rest.RawQuery = q.Encode()
-	l, err := opener.OpenLockerURL(ctx, &rest)
+	l, err := opener.open(ctx, &rest)
 	if err != nil {
 		var oe *OpError
 		if errors.As(err, &oe) && oe.Op == "open" {
@@ -247,7 +220,7 @@ func (m *URLMux) OpenLockerURL(ctx context.Context, u *url.URL) (*Locker, error)
 	if l == nil {
 		return nil, opErr("open", "", fmt.Errorf("%w: the opener of scheme %q returned no Locker", ErrInvalidConfig, u.Scheme))
 	}
-	if err := purpose.Check(l.Guarantees()); err != nil {
+	if err := purpose.check(l.Guarantees()); err != nil {
 		if !override {
 			_ = l.Close()
 			return nil, opErr("open", "", err)
@@ -259,36 +232,43 @@ func (m *URLMux) OpenLockerURL(ctx context.Context, u *url.URL) (*Locker, error)
 }
 
 // Open returns a Locker for a URL such as "redis://localhost:6379?ttl=10s"
-// or "mem://", opened by [DefaultURLMux] (see [URLMux.OpenLockerURL] for
-// the parameters the mux owns). The scheme picks the backend, which must be
-// registered (by importing its package). Parameters every backend accepts:
+// or "mem://". The scheme picks the backend, which must be registered (by
+// importing its package, with the blank identifier if need be: redis,
+// rediss, redlock, redlocks, etcd, etcds, zk, zks, mem). Parameters every
+// backend accepts:
 //
 //	ttl      default lease TTL (Options.TTL), a Go duration such as 10s
-//	purpose  efficiency (the default) or correctness; see [Purpose]
+//	purpose  efficiency (the default) or correctness: what the lock is
+//	         for. Opening a backend for correctness fails unless its
+//	         Guarantees report consensus fencing and no clock dependence
+//	         (etcd, ZooKeeper); see [Purpose]. A backend that declares its
+//	         Guarantees is refused before any I/O.
 //	unsafe_accept_clock_dependent_lock
 //	         true opens a lock for correctness on a backend that cannot
-//	         serve it (logged as a warning)
+//	         serve it (logged as a warning by the Locker's Logger), for
+//	         those who accept the risk
 //
 // Each backend documents its own parameters; an unknown one is an error
-// matching ErrInvalidConfig, as is an unknown scheme. To open a URL with a
-// client, Logger or Options of your own, register the backend's URLOpener
-// on a URLMux of your own.
+// matching ErrInvalidConfig, as is an unknown scheme or a malformed URL.
+// Errors are *OpError values (Op "open") wrapping the cause. To use a client
+// of your own, call the backend's constructor (redis.New, etcd.New, ...).
 func Open(ctx context.Context, rawURL string) (*Locker, error) {
-	return defaultURLMux.OpenLocker(ctx, rawURL)
+	return defaultMux.Open(ctx, rawURL)
 }
 
-// OptionsFromURL takes the Locker's parameters out of u's query and
-// applies them to a copy of base (nil: all defaults), checked as [New]
+// optionsFromURL takes the Locker's parameters out of u's query and
+// applies them to a copy of base (nil: all defaults), checked as newLocker
 // checks Options (the TTL against dlock's floor only). It returns the
 // Options and u without those parameters, for the backend to parse the
-// rest; it does no I/O. Every backend's URLOpener calls it, so the URL
+// rest; it does no I/O. Every backend's URL opener calls it (package
+// driver's OptionsFromURL), so the URL
 // parameters and the Options fields share one validation. The parameter:
 //
 //	ttl  default lease TTL (Options.TTL), a Go duration such as 10s
 //
 // Errors wrap ErrInvalidConfig (a malformed query, a repeated or empty
 // parameter, a bad value) or ErrInvalidTTL (a bad base TTL).
-func OptionsFromURL(u *url.URL, base *Options) (*Options, *url.URL, error) {
+func optionsFromURL(u *url.URL, base *Options) (*Options, *url.URL, error) {
 	var o Options
 	if base != nil {
 		o = *base
@@ -299,8 +279,8 @@ func OptionsFromURL(u *url.URL, base *Options) (*Options, *url.URL, error) {
 	}
 	if v, ok := q["ttl"]; ok {
 		d, err := time.ParseDuration(v[0])
-		if err != nil || d < MinTTL || len(v) > 1 {
-			return nil, nil, fmt.Errorf("%w: parameter ttl=%q: want one duration of at least %v, such as 10s", ErrInvalidConfig, v[0], MinTTL)
+		if err != nil || d < minTTL || len(v) > 1 {
+			return nil, nil, fmt.Errorf("%w: parameter ttl=%q: want one duration of at least %v, such as 10s", ErrInvalidConfig, v[0], minTTL)
 		}
 		o.TTL = d
 		q.Del("ttl")
@@ -313,14 +293,15 @@ func OptionsFromURL(u *url.URL, base *Options) (*Options, *url.URL, error) {
 	return &o, &rest, nil
 }
 
-// Build is how a backend's constructor makes a Locker, so that bad Options
-// are an error before any I/O: it checks opts as [New] does, with the TTL
-// against lim (the backend's limits known without asking its servers),
-// then calls newDriver and wraps the driver with New. If New refuses the
+// build is how a backend's constructor makes a Locker (package driver's
+// Build), so that bad Options are an error before any I/O: it checks opts
+// as newLocker does, with the TTL against lim (the backend's limits known
+// without asking its servers), then calls newDriver and wraps the driver
+// with newLocker. If newLocker refuses the
 // Options on the limits the driver reports (learned from the servers), the
-// driver is closed and New's error returned. newDriver's error is returned
+// driver is closed and newLocker's error returned. newDriver's error is returned
 // as it is.
-func Build(opts *Options, lim Limits, newDriver func() (backend.Driver, error)) (*Locker, error) {
+func build(opts *Options, lim Limits, newDriver func() (backend.Driver, error)) (*Locker, error) {
 	if opts != nil {
 		if err := opts.check(lim); err != nil {
 			return nil, err
@@ -330,7 +311,7 @@ func Build(opts *Options, lim Limits, newDriver func() (backend.Driver, error)) 
 	if err != nil {
 		return nil, err
 	}
-	l, err := New(d, opts)
+	l, err := newLocker(d, opts)
 	if err != nil {
 		_ = d.Close()
 		return nil, err

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/memory"
 )
 
@@ -65,10 +66,10 @@ func TestOpenParameters(t *testing.T) {
 func TestRegisterLockerPanics(t *testing.T) {
 	var nilOpener *memory.URLOpener
 	for name, fn := range map[string]func(){
-		"nil opener":         func() { new(dlock.URLMux).RegisterLocker("x", nil) },
-		"nil pointer opener": func() { new(dlock.URLMux).RegisterLocker("x", nilOpener) },
-		"empty scheme":       func() { new(dlock.URLMux).RegisterLocker("", &memory.URLOpener{}) },
-		"duplicate scheme":   func() { dlock.DefaultURLMux().RegisterLocker("MEM", &memory.URLOpener{}) },
+		"nil opener":         func() { new(driver.URLMux).RegisterLocker("x", nil) },
+		"nil pointer opener": func() { new(driver.URLMux).RegisterLocker("x", nilOpener) },
+		"empty scheme":       func() { new(driver.URLMux).RegisterLocker("", &memory.URLOpener{}) },
+		"duplicate scheme":   func() { driver.DefaultURLMux().RegisterLocker("MEM", &memory.URLOpener{}) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			defer func() {
@@ -82,7 +83,7 @@ func TestRegisterLockerPanics(t *testing.T) {
 }
 
 func TestURLMuxSchemes(t *testing.T) {
-	var m dlock.URLMux
+	var m driver.URLMux
 	if m.ValidLockerScheme("mem") || len(m.LockerSchemes()) != 0 {
 		t.Fatalf("an empty mux knows schemes: %v", m.LockerSchemes())
 	}
@@ -94,7 +95,7 @@ func TestURLMuxSchemes(t *testing.T) {
 	if got := m.LockerSchemes(); !slices.Equal(got, []string{"b", "mine"}) {
 		t.Errorf("LockerSchemes() = %v; want [b mine]", got)
 	}
-	if !dlock.DefaultURLMux().ValidLockerScheme("mem") {
+	if !driver.DefaultURLMux().ValidLockerScheme("mem") {
 		t.Errorf("the default mux lacks mem (registered by package memory's init)")
 	}
 	_, err := m.OpenLocker(t.Context(), "mem://")
@@ -126,14 +127,14 @@ type recordingOpener struct {
 func (o *recordingOpener) OpenLockerURL(_ context.Context, u *url.URL) (*dlock.Locker, error) {
 	o.opens++
 	o.got = u
-	lo, rest, err := dlock.OptionsFromURL(u, nil)
+	lo, rest, err := driver.OptionsFromURL(u, nil)
 	if err != nil {
 		return nil, err
 	}
 	if rest.RawQuery != "" {
 		return nil, fmt.Errorf("%w: unknown parameters %s", dlock.ErrInvalidConfig, rest.RawQuery)
 	}
-	return dlock.New(&guaranteesDriver{Driver: memory.NewDriver(memory.NewStore()), g: o.g, closed: &o.closed}, lo)
+	return driver.New(&guaranteesDriver{Driver: memory.NewDriver(memory.NewStore()), g: o.g, closed: &o.closed}, lo)
 }
 
 type declaringOpener struct{ *recordingOpener }
@@ -154,7 +155,7 @@ func (d *guaranteesDriver) Close() error {
 
 func TestURLMuxPurpose(t *testing.T) {
 	weak := dlock.Guarantees{Fencing: dlock.FencingBestEffort, ClockDependent: true, Notes: "test"}
-	var m dlock.URLMux
+	var m driver.URLMux
 	declared := &recordingOpener{g: weak}
 	undeclared := &recordingOpener{g: weak}
 	m.RegisterLocker("declared", declaredOpener(declared))
@@ -191,12 +192,12 @@ func TestURLMuxPurpose(t *testing.T) {
 	}
 }
 
-func declaredOpener(o *recordingOpener) dlock.URLOpener { return declaringOpener{o} }
+func declaredOpener(o *recordingOpener) driver.URLOpener { return declaringOpener{o} }
 
 func TestOptionsFromURL(t *testing.T) {
 	u, _ := url.Parse("x://h/p?ttl=2s&other=1")
 	log := slog.New(slog.DiscardHandler)
-	o, rest, err := dlock.OptionsFromURL(u, &dlock.Options{TTL: time.Minute, Logger: log})
+	o, rest, err := driver.OptionsFromURL(u, &dlock.Options{TTL: time.Minute, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +215,7 @@ func TestOptionsFromURL(t *testing.T) {
 		{"x://?ttl=1s;a=b", nil}, {"x://", &dlock.Options{RetryMin: -1}}, {"x://", &dlock.Options{DriftFactor: math.NaN()}},
 	} {
 		u, _ := url.Parse(bad.raw)
-		if _, _, err := dlock.OptionsFromURL(u, bad.base); !errors.Is(err, dlock.ErrInvalidConfig) && !errors.Is(err, dlock.ErrInvalidTTL) {
+		if _, _, err := driver.OptionsFromURL(u, bad.base); !errors.Is(err, dlock.ErrInvalidConfig) && !errors.Is(err, dlock.ErrInvalidTTL) {
 			t.Errorf("OptionsFromURL(%q, %+v) = %v; want ErrInvalidConfig or ErrInvalidTTL", bad.raw, bad.base, err)
 		}
 	}
@@ -231,7 +232,7 @@ func TestBuild(t *testing.T) {
 		"TTL below static floor":   {TTL: 500 * time.Millisecond},
 		"TTL above static ceiling": {TTL: time.Hour},
 	} {
-		if _, err := dlock.Build(&o, dlock.Limits{MinTTL: time.Second, MaxTTL: time.Minute}, mk); err == nil {
+		if _, err := driver.Build(&o, dlock.Limits{MinTTL: time.Second, MaxTTL: time.Minute}, mk); err == nil {
 			t.Errorf("%s: Build accepted %+v", name, o)
 		}
 	}
@@ -240,13 +241,13 @@ func TestBuild(t *testing.T) {
 	}
 	// A TTL the driver's own limits refuse: the driver is closed.
 	closed := false
-	_, err := dlock.Build(&dlock.Options{TTL: 5 * time.Second}, dlock.Limits{}, func() (backend.Driver, error) {
+	_, err := driver.Build(&dlock.Options{TTL: 5 * time.Second}, dlock.Limits{}, func() (backend.Driver, error) {
 		return &limitedDriver{Driver: memory.NewDriver(memory.NewStore()), closed: &closed}, nil
 	})
 	if !errors.Is(err, dlock.ErrInvalidTTL) || !closed {
 		t.Errorf("Build over a driver whose limits refuse the TTL: %v, driver closed %v; want ErrInvalidTTL, closed", err, closed)
 	}
-	l, err := dlock.Build(nil, dlock.Limits{}, mk)
+	l, err := driver.Build(nil, dlock.Limits{}, mk)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +267,7 @@ func (d *limitedDriver) Close() error {
 
 func TestOpenWithOwnStore(t *testing.T) {
 	store := memory.NewStore()
-	var m dlock.URLMux
+	var m driver.URLMux
 	m.RegisterLocker("mem", &memory.URLOpener{Store: store, Options: dlock.Options{TTL: 2 * time.Second}})
 	l, err := m.OpenLocker(t.Context(), "mem://ignored")
 	if err != nil {
@@ -318,20 +319,20 @@ func TestNewRejectsBadOptions(t *testing.T) {
 			if l != nil || (!errors.Is(err, dlock.ErrInvalidConfig) && !errors.Is(err, dlock.ErrInvalidTTL)) {
 				t.Errorf("memory.New with Options %+v = %v, %v; want no Locker, ErrInvalidConfig or ErrInvalidTTL", o, l, err)
 			}
-			l, err = dlock.New(memory.NewDriver(memory.NewStore()), &o)
+			l, err = driver.New(memory.NewDriver(memory.NewStore()), &o)
 			if l != nil || (!errors.Is(err, dlock.ErrInvalidConfig) && !errors.Is(err, dlock.ErrInvalidTTL)) {
-				t.Errorf("dlock.New with Options %+v = %v, %v; want no Locker, ErrInvalidConfig or ErrInvalidTTL", o, l, err)
+				t.Errorf("driver.New with Options %+v = %v, %v; want no Locker, ErrInvalidConfig or ErrInvalidTTL", o, l, err)
 			}
 		})
 	}
 }
 
-// mustNew is dlock.New for tests whose Options are valid.
+// mustNew is driver.New for tests whose Options are valid.
 func mustNew(t testing.TB, d backend.Driver, opts *dlock.Options) *dlock.Locker {
 	t.Helper()
-	l, err := dlock.New(d, opts)
+	l, err := driver.New(d, opts)
 	if err != nil {
-		t.Fatalf("dlock.New: %v", err)
+		t.Fatalf("driver.New: %v", err)
 	}
 	return l
 }

@@ -75,6 +75,18 @@ var (
 // MaxKeyLen is the longest key, in bytes, that dlock accepts.
 const MaxKeyLen = 512
 
+// MinTTL is the shortest lease the dlock layer grants on any backend: below
+// it the safety margin of Lease.Deadline would eat the whole lease. A
+// backend may have a higher floor ([Limits.MinTTL]); one whose leases
+// cannot be that short refuses to open.
+const MinTTL = 10 * time.Millisecond
+
+// DefaultTTL is the lease time of acquires when neither the Locker's
+// Options nor the acquire set one (or the backend's [Limits.MaxTTL] if
+// that is shorter). A backend that checks its options against the TTLs
+// to come uses it for an unset Options.TTL.
+const DefaultTTL = 30 * time.Second
+
 // ValidateKey applies the rules every backend shares: a key is non-empty, at
 // most [MaxKeyLen] bytes, valid UTF-8 and free of NUL bytes. The error wraps
 // [ErrInvalidKey].
@@ -94,6 +106,11 @@ func ValidateKey(key string) error {
 	}
 	return nil
 }
+
+// Token is a fencing token: it increases strictly per key from one holder to
+// the next (as far as the backend's [Guarantees].Fencing promises). 0 means
+// the backend issues none. Package dlock re-exports it as dlock.Token.
+type Token uint64
 
 // FencingGrade says how far a backend's fencing tokens can be trusted.
 type FencingGrade int
@@ -127,8 +144,13 @@ func (g FencingGrade) String() string {
 }
 
 // Guarantees is what a backend promises. The conformance suite gates its
-// capability-dependent cases on these fields, never on the backend's name.
+// capability-dependent cases on these fields, never on Backend (the name).
 type Guarantees struct {
+	// Backend names the backend, a short constant ("memory", "redis",
+	// "redlock", "etcd", "zookeeper"): the backend attribute of the events
+	// a Locker's Observer receives (metrics and traces), and the name in
+	// some of its errors. Empty means "unknown".
+	Backend string
 	// Fencing is the grade of the fencing tokens.
 	Fencing FencingGrade
 	// ToleratedFailures is how many server nodes can fail (crash or be
@@ -170,6 +192,11 @@ type Limits struct {
 	// its election timeout). 0 means TTLs are not raised. The dlock layer
 	// uses it to keep an auto-refreshed lease within its MaxHold.
 	MinGrant time.Duration
+	// DriftFactor is the share of a TTL the backend's algorithm allows for
+	// clock drift, when it allows more than the dlock layer's default
+	// (Redlock's DriftFactor option): the Locker then counts
+	// Lease.Deadline with this larger factor. 0 means the default.
+	DriftFactor float64
 }
 
 // Driver is one backend instance: a connection (or connection pool) to the
@@ -198,7 +225,8 @@ type Driver interface {
 // Lease is one held lock, as returned by [Driver.TryAcquire].
 type Lease interface {
 	// Token is the fencing token of this grant (0 if the backend issues
-	// none).
+	// none); the dlock layer hands it out as a [Token]. (It is a uint64
+	// here so that drivers written before Token stay valid.)
 	Token() uint64
 	// TTL is the lease time the server granted. It may differ from what
 	// was asked: etcd raises TTLs below its minimum; Redis truncates to
@@ -274,23 +302,6 @@ type Anchored interface {
 	Anchor() time.Time
 }
 
-// Namer is implemented by a [Driver] that names its backend ("redis",
-// "etcd", ...): the name is the backend attribute of the events a
-// dlock.Observer receives (metrics and traces). Without it the name is
-// "unknown".
-type Namer interface {
-	// Name returns the backend's name, a short constant.
-	Name() string
-}
-
-// Drifter is implemented by a [Driver] whose algorithm allows more clock
-// drift than the dlock layer's default (Redlock's DriftFactor option): the
-// Locker then counts Lease.Deadline with the larger factor.
-type Drifter interface {
-	// DriftFactor is the share of a TTL allowed for clock drift.
-	DriftFactor() float64
-}
-
 // LossNotifier is implemented by a [Lease] whose backend learns of loss by
 // itself (a session that expired, a watch on the lock key).
 type LossNotifier interface {
@@ -349,7 +360,7 @@ type LockInfo struct {
 	Held bool
 	// Token is the holder's fencing token (as its Lease.Token returns),
 	// or 0 when the key is free or the backend cannot tell.
-	Token uint64
+	Token Token
 	// TTL is the time left on the holder's lease, as the server counts
 	// it, or 0 when the key is free or the backend cannot tell (a
 	// ZooKeeper lock lasts as long as its holder's session).

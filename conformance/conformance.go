@@ -30,6 +30,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/conformance/check"
+	"github.com/dlock-go/dlock/driver"
 )
 
 // Harness gives the suite access to one backend on real (or in-process)
@@ -60,6 +61,10 @@ const ShortTTL = 400 * time.Millisecond
 // test machines are noisy; the cases check that something happens, not how
 // fast (benchmarks measure speed).
 const slack = 5 * time.Second
+
+// defaultDriftFactor is dlock's default Options.DriftFactor (0.01), the
+// share of a TTL Lease.Deadline leaves for clock drift.
+const defaultDriftFactor = 0.01
 
 // Run runs the suite.
 func Run(t *testing.T, newHarness HarnessMaker) {
@@ -200,9 +205,9 @@ func waitDone(le *dlock.Lease, d time.Time) bool {
 // Locker, not the backend.
 func backendLease(t *testing.T, le *dlock.Lease) backend.Lease {
 	t.Helper()
-	var bl backend.Lease
-	if !le.As(&bl) || bl == nil {
-		t.Fatalf("Lease.As(*backend.Lease) did not give the driver's lease")
+	bl := driver.LeaseOf(le)
+	if bl == nil {
+		t.Fatalf("driver.LeaseOf did not give the driver's lease")
 	}
 	return bl
 }
@@ -632,7 +637,7 @@ func (s *suite) badInput(t *testing.T) {
 		}
 	}
 	k := key(t)
-	for _, ttl := range []time.Duration{-time.Second, time.Nanosecond, dlock.MinTTL - 1} {
+	for _, ttl := range []time.Duration{-time.Second, time.Nanosecond, l.Limits().MinTTL - 1} {
 		_, err := l.TryAcquire(ctx, k, &dlock.AcquireOptions{TTL: ttl})
 		wantErr(t, fmt.Sprintf("TryAcquire with TTL %v", ttl), err, k, dlock.ErrInvalidTTL)
 	}
@@ -705,7 +710,7 @@ func (s *suite) maxHold(t *testing.T) {
 		t.Fatalf("lease still held well past MaxHold")
 	}
 	// The last refresh may end the lease up to a Resolution early.
-	early := s.lim.Resolution + time.Duration(float64(ttl)*dlock.DefaultDriftFactor) + 50*time.Millisecond
+	early := s.lim.Resolution + time.Duration(float64(ttl)*defaultDriftFactor) + 50*time.Millisecond
 	if took := time.Since(start); took < maxHold-early {
 		t.Errorf("lease ended after %v, before MaxHold %v", took, maxHold)
 	}
@@ -739,7 +744,7 @@ func (s *suite) deadline(t *testing.T) {
 	// counted from then, less the drift margin of the default Options.
 	// (That it is counted from the request, not the reply, is tested in
 	// package dlock with a slow driver.)
-	margin := time.Duration(float64(la.TTL())*dlock.DefaultDriftFactor) + 2*time.Millisecond
+	margin := time.Duration(float64(la.TTL())*defaultDriftFactor) + 2*time.Millisecond
 	if d := la.Deadline(); d.After(after.Add(la.TTL()-margin)) || d.Before(before.Add(la.TTL()-margin)) {
 		t.Errorf("Deadline %v not within [%v, %v]", d, before.Add(la.TTL()-margin), after.Add(la.TTL()-margin))
 	}
@@ -1076,33 +1081,33 @@ func (s *suite) closeWithQueuedWaiters(t *testing.T) {
 	s.noResidue(t, k, "after Close ended the queued waiters and the holder released")
 }
 
-// as: Locker.As and Lease.As reach the driver and its lease, refuse a nil
-// target, and refuse a type no backend supports.
+// as: driver.DriverOf and driver.LeaseOf reach the driver and its lease;
+// driver.LockerAs and driver.LeaseAs refuse a nil target, and a type no
+// backend supports.
 func (s *suite) as(t *testing.T) {
 	l := s.locker(t)
-	if l.As(nil) {
-		t.Errorf("Locker.As(nil) = true")
+	if driver.LockerAs(l, nil) {
+		t.Errorf("driver.LockerAs(l, nil) = true")
 	}
 	var n *int
-	if l.As(&n) {
-		t.Errorf("Locker.As(**int) = true")
+	if driver.LockerAs(l, &n) {
+		t.Errorf("driver.LockerAs(l, **int) = true")
 	}
-	if l.As((*backend.Driver)(nil)) {
-		t.Errorf("Locker.As(nil *backend.Driver) = true")
+	if driver.LockerAs(l, (*backend.Driver)(nil)) {
+		t.Errorf("driver.LockerAs(l, nil *backend.Driver) = true")
 	}
-	var d backend.Driver
-	if !l.As(&d) || d == nil {
-		t.Errorf("Locker.As(*backend.Driver) did not give the driver")
+	if d := driver.DriverOf(l); d == nil {
+		t.Errorf("driver.DriverOf did not give the driver")
 	}
 	le := acquire(t, l, key(t), nil)
-	if le.As(nil) {
-		t.Errorf("Lease.As(nil) = true")
+	if driver.LeaseAs(le, nil) {
+		t.Errorf("driver.LeaseAs(le, nil) = true")
 	}
-	if le.As(&n) {
-		t.Errorf("Lease.As(**int) = true")
+	if driver.LeaseAs(le, &n) {
+		t.Errorf("driver.LeaseAs(le, **int) = true")
 	}
-	if le.As((*backend.Lease)(nil)) {
-		t.Errorf("Lease.As(nil *backend.Lease) = true")
+	if driver.LeaseAs(le, (*backend.Lease)(nil)) {
+		t.Errorf("driver.LeaseAs(le, nil *backend.Lease) = true")
 	}
 	if bl := backendLease(t, le); dlock.Token(bl.Token()) != le.Token() {
 		t.Errorf("the driver's lease has token %d, the Lease %d", bl.Token(), le.Token())

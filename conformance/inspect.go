@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/driver"
 )
 
 // InspectCaps says what a backend's Inspect can tell, for [RunInspect].
@@ -22,7 +23,7 @@ type InspectCaps struct {
 	Waiters bool
 }
 
-// RunInspect checks Locker.Inspect and Locker.Keys on a backend that
+// RunInspect checks Locker.Inspect and driver.Keys on a backend that
 // implements backend.Inspector: a free key reads free, a held one reads
 // held with the holder's token and a TTL in (0, granted], a queued waiter
 // is counted (where caps.Waiters), Keys lists a held key, a released key
@@ -51,7 +52,7 @@ func RunInspect(t *testing.T, newHarness HarnessMaker, caps InspectCaps) {
 				t.Errorf("Inspect(%q): got %v, want an error matching ErrInvalidKey", k, err)
 			}
 		}
-		if _, err := a.Keys(ctx, 0); !errors.Is(err, dlock.ErrInvalidConfig) {
+		if _, err := driver.Keys(ctx, a, 0); !errors.Is(err, dlock.ErrInvalidConfig) {
 			t.Errorf("Keys(0): got %v, want an error matching ErrInvalidConfig", err)
 		}
 	})
@@ -74,7 +75,7 @@ func RunInspect(t *testing.T, newHarness HarnessMaker, caps InspectCaps) {
 		if !info.Held {
 			t.Fatalf("Inspect(held key) = %+v, want held", info)
 		}
-		if caps.Token && info.Token != uint64(le.Token()) {
+		if caps.Token && info.Token != le.Token() {
 			t.Errorf("Inspect(held key).Token = %d, want the lease's token %d", info.Token, le.Token())
 		}
 		if !caps.Token && info.Token != 0 {
@@ -93,14 +94,14 @@ func RunInspect(t *testing.T, newHarness HarnessMaker, caps InspectCaps) {
 		} else if info.Waiters != want {
 			t.Errorf("Inspect(held key).Waiters = %d, want %d", info.Waiters, want)
 		}
-		keys, err := a.Keys(ctx, allKeys)
+		keys, err := driver.Keys(ctx, a, allKeys)
 		if err != nil {
 			t.Fatalf("Keys: %v", err)
 		}
 		if !slices.Contains(keys, k) {
 			t.Errorf("Keys(allKeys) = %q, want it to list the held key %q", keys, k)
 		}
-		if keys, err := a.Keys(ctx, 1); err != nil || len(keys) != 1 {
+		if keys, err := driver.Keys(ctx, a, 1); err != nil || len(keys) != 1 {
 			t.Errorf("Keys(1) = %q, %v, want one key", keys, err)
 		}
 		if got, err := b.Inspect(ctx, k); err != nil || !got.Held {
@@ -114,7 +115,7 @@ func RunInspect(t *testing.T, newHarness HarnessMaker, caps InspectCaps) {
 		if info.Held {
 			t.Errorf("Inspect(released key) = %+v, want not held", info)
 		}
-		keys, err = a.Keys(ctx, allKeys)
+		keys, err = driver.Keys(ctx, a, allKeys)
 		if err != nil {
 			t.Fatalf("Keys: %v", err)
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/etcd"
 	"github.com/dlock-go/dlock/internal/urlparam/urltest"
 )
@@ -63,7 +64,7 @@ func TestOpenNoServer(t *testing.T) {
 // Open that fails, whose error names the dial failure, are Debug lines.
 func TestFailedOpenLogsNoWarnings(t *testing.T) {
 	var rec conformance.LogRecorder
-	var mux dlock.URLMux
+	var mux driver.URLMux
 	mux.RegisterLocker("etcd", &etcd.URLOpener{Options: etcd.Options{Locker: &dlock.Options{Logger: slog.New(&rec)}}})
 	_, err := mux.OpenLocker(t.Context(), "etcd://"+urltest.RefusedAddr(t)+"?dial_timeout=1500ms")
 	if !errors.Is(err, dlock.ErrUnavailable) || !strings.Contains(err.Error(), "connection refused") {

@@ -10,9 +10,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dlock-go/dlock"
-	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/conformance"
 	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/etcd"
 )
 
@@ -24,7 +24,7 @@ func TestOpenURLWithOwnClient(t *testing.T) {
 	rec := &conformance.LogRecorder{}
 	log := slog.New(rec)
 	path := "own-" + uniqueKey(t)
-	var mux dlock.URLMux
+	var mux driver.URLMux
 	mux.RegisterLocker("etcd", &etcd.URLOpener{Client: c, Options: etcd.Options{
 		Prefix: "not-this/",
 		Locker: &dlock.Options{Logger: log, TTL: time.Minute},
@@ -43,8 +43,7 @@ func TestOpenURLWithOwnClient(t *testing.T) {
 	if resp, err := c.Get(t.Context(), path+"/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 1 {
 		t.Errorf("keys under the URL's prefix %s/: %v, %v; want 1", path, resp, err)
 	}
-	var d backend.Driver
-	if !l.As(&d) || etcd.LoggerOf(d.(*etcd.Driver)) != log {
+	if d := driver.DriverOf(l); etcd.LoggerOf(d.(*etcd.Driver)) != log {
 		t.Errorf("the backend does not log to the Options' Logger")
 	}
 	if err := le.Release(t.Context()); err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/internal/bg"
 )
 
@@ -127,11 +128,11 @@ func New(ctx context.Context, client *clientv3.Client, opts *Options) (*dlock.Lo
 	if opts != nil {
 		lo = opts.Locker
 	}
-	return dlock.Build(lo, limits, func() (backend.Driver, error) { return NewDriver(ctx, client, opts) })
+	return driver.Build(lo, limits, func() (backend.Driver, error) { return NewDriver(ctx, client, opts) })
 }
 
 // NewDriver is [New] without the Locker: it returns the backend driver, for
-// callers that wrap it (dlock.New(d, opts) makes the Locker).
+// callers that wrap it (driver.New(d, opts) makes the Locker).
 func NewDriver(ctx context.Context, client *clientv3.Client, opts *Options) (*Driver, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: etcd: nil client", backend.ErrInvalidConfig)
@@ -277,6 +278,7 @@ var limits = backend.Limits{MinTTL: time.Second, MaxTTL: maxTTL, Resolution: tim
 // majority of the members must be up.
 func (d *Driver) Guarantees() backend.Guarantees {
 	return backend.Guarantees{
+		Backend:           "etcd",
 		Fencing:           backend.FencingConsensus,
 		ToleratedFailures: max(d.members-1, 0) / 2,
 		FIFO:              true,
@@ -287,7 +289,8 @@ func (d *Driver) Guarantees() backend.Guarantees {
 	}
 }
 
-// As supports *(*clientv3.Client).
+// As supports *(*clientv3.Client). From a *dlock.Locker:
+// driver.LockerAs(locker, &client).
 func (d *Driver) As(target any) bool {
 	if p, ok := target.(**clientv3.Client); ok {
 		*p = d.client
@@ -834,6 +837,3 @@ func (d *Driver) get(ctx context.Context, doing, key string, opts ...clientv3.Op
 func unavailable(doing string, err error) error {
 	return fmt.Errorf("%w: etcd: %s: %w", backend.ErrUnavailable, doing, err)
 }
-
-// Name implements backend.Namer: "etcd".
-func (d *Driver) Name() string { return "etcd" }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/etcd"
 	"github.com/dlock-go/dlock/internal/examplerun"
 )
@@ -84,7 +85,7 @@ func ExampleURLOpener() {
 	}
 	defer client.Close()
 
-	mux := new(dlock.URLMux)
+	mux := new(driver.URLMux)
 	mux.RegisterLocker("etcd", &etcd.URLOpener{Client: client}) // used instead of dialling the URL's hosts
 	locker, err := mux.OpenLocker(ctx, "etcd://cluster/myapp/locks/?ttl=5s")
 	if err != nil {

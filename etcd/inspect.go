@@ -29,7 +29,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, err
 		return backend.LockInfo{}, nil
 	}
 	holder := resp.Kvs[0]
-	info := backend.LockInfo{Held: true, Token: uint64(holder.CreateRevision), Waiters: int(resp.Count) - 1}
+	info := backend.LockInfo{Held: true, Token: backend.Token(holder.CreateRevision), Waiters: int(resp.Count) - 1}
 	ttl, err := call(ctx, d, "reading the holder's lease", func(ctx context.Context) (*clientv3.LeaseTimeToLiveResponse, error) {
 		return d.client.TimeToLive(ctx, clientv3.LeaseID(holder.Lease))
 	})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/driver"
 )
 
 // Ownership identifies one grant in etcd terms, for callers who fence their
@@ -42,7 +43,7 @@ func (o Ownership) Cmp() clientv3.Cmp {
 // OwnerOf returns the etcd ownership of a lease taken through this backend;
 // ok is false for a lease of another backend.
 func OwnerOf(le *dlock.Lease) (o Ownership, ok bool) {
-	ok = le.As(&o)
+	ok = driver.LeaseAs(le, &o)
 	return o, ok
 }
 
@@ -91,7 +92,7 @@ func (l *lease) Anchor() time.Time {
 // break, reads the key and finds it gone.
 func (l *lease) NotifyLoss(f func(err error)) { l.w.reg.notify(f) }
 
-// As supports *Ownership.
+// As supports *Ownership (what OwnerOf returns, through driver.LeaseAs).
 func (l *lease) As(target any) bool {
 	if p, ok := target.(*Ownership); ok {
 		l.leaseMu.Lock()

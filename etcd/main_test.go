@@ -12,6 +12,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/etcd"
 )
 
@@ -51,7 +52,7 @@ func openLocker(ctx context.Context, endpoints []string, opts *dlock.Options) (*
 		return nil, err
 	}
 	etcd.OwnClient(d)
-	l, err := dlock.New(d, opts)
+	l, err := driver.New(d, opts)
 	if err != nil {
 		_ = d.Close()
 		return nil, err
@@ -59,10 +60,10 @@ func openLocker(ctx context.Context, endpoints []string, opts *dlock.Options) (*
 	return l, nil
 }
 
-// mustNew is dlock.New for Options that are valid.
+// mustNew is driver.New for Options that are valid.
 func mustNew(tb testing.TB, d *etcd.Driver, opts *dlock.Options) *dlock.Locker {
 	tb.Helper()
-	l, err := dlock.New(d, opts)
+	l, err := driver.New(d, opts)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/etcd"
 )
 
@@ -276,8 +277,8 @@ func TestRefreshBatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = le.Release(context.WithoutCancel(t.Context())) })
-		var bl backend.Lease
-		if !le.As(&bl) {
+		bl := driver.LeaseOf(le)
+		if bl == nil {
 			t.Fatal("no backend lease")
 		}
 		owns[i], _ = etcd.OwnerOf(le)

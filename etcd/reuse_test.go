@@ -11,6 +11,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/etcd"
 )
 
@@ -22,8 +23,8 @@ import (
 // backendLease returns le's driver lease.
 func backendLease(t *testing.T, le *dlock.Lease) backend.Lease {
 	t.Helper()
-	var bl backend.Lease
-	if !le.As(&bl) {
+	bl := driver.LeaseOf(le)
+	if bl == nil {
 		t.Fatal("no backend lease")
 	}
 	return bl

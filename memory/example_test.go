@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/memory"
 )
 
@@ -52,7 +53,7 @@ func ExampleNew() {
 func ExampleURLOpener() {
 	ctx := context.Background()
 	store := memory.NewStore()
-	mux := new(dlock.URLMux)
+	mux := new(driver.URLMux)
 	mux.RegisterLocker("mem", &memory.URLOpener{Store: store})
 
 	locker, err := mux.OpenLocker(ctx, "mem://ignored?ttl=5s")

@@ -11,8 +11,9 @@
 // URL: "mem://" opens the process-wide default store; "mem://NAME" a named
 // store, created on first use and shared by every Open of the same name. No
 // parameters besides dlock's own (ttl). The package registers a [URLOpener]
-// for the scheme on dlock.DefaultURLMux; a URLOpener with a Store of your
-// own opens its URLs on that store.
+// for the scheme on driver.DefaultURLMux, which dlock.Open uses; a
+// URLOpener with a Store of your own (on a driver.URLMux of your own)
+// opens its URLs on that store.
 package memory
 
 import (
@@ -24,10 +25,11 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/driver"
 )
 
 func init() {
-	dlock.DefaultURLMux().RegisterLocker("mem", &URLOpener{})
+	driver.DefaultURLMux().RegisterLocker("mem", &URLOpener{})
 }
 
 var (
@@ -48,31 +50,29 @@ type URLOpener struct {
 
 // OpenLockerURL opens a Locker for u (see the package documentation).
 func (o *URLOpener) OpenLockerURL(_ context.Context, u *url.URL) (*dlock.Locker, error) {
-	lo, rest, err := dlock.OptionsFromURL(u, &o.Options)
-	if err != nil {
-		return nil, err
-	}
-	if rest.RawQuery != "" {
-		return nil, fmt.Errorf("%w: mem:// takes no parameters but ttl, got %q", backend.ErrInvalidConfig, rest.RawQuery)
-	}
-	if u.Path != "" && u.Path != "/" || u.User != nil || u.Port() != "" {
-		return nil, fmt.Errorf("%w: mem:// takes a store name only, as in mem://NAME", backend.ErrInvalidConfig)
-	}
-	s := o.Store
-	if s == nil {
-		namedMu.Lock()
-		s = named[u.Host]
-		if s == nil {
-			s = NewStore()
-			named[u.Host] = s
+	return driver.OpenURL(u, &o.Options, backend.Limits{}, func(rest *url.URL, _ *dlock.Options) (func() (backend.Driver, error), error) {
+		if rest.RawQuery != "" {
+			return nil, fmt.Errorf("%w: mem:// takes no parameters but ttl, got %q", backend.ErrInvalidConfig, rest.RawQuery)
 		}
-		namedMu.Unlock()
-	}
-	return New(s, lo)
+		if u.Path != "" && u.Path != "/" || u.User != nil || u.Port() != "" {
+			return nil, fmt.Errorf("%w: mem:// takes a store name only, as in mem://NAME", backend.ErrInvalidConfig)
+		}
+		s := o.Store
+		if s == nil {
+			namedMu.Lock()
+			s = named[u.Host]
+			if s == nil {
+				s = NewStore()
+				named[u.Host] = s
+			}
+			namedMu.Unlock()
+		}
+		return func() (backend.Driver, error) { return NewDriver(s), nil }, nil
+	})
 }
 
 // Guarantees declares, before any I/O, what every Locker the opener
-// opens promises: exact fencing within the process (dlock.GuaranteesDeclarer).
+// opens promises: exact fencing within the process (driver.GuaranteesDeclarer).
 func (o *URLOpener) Guarantees() dlock.Guarantees {
 	return dlock.Guarantees{Fencing: dlock.FencingConsensus}
 }
@@ -108,7 +108,7 @@ func New(s *Store, opts *dlock.Options) (*dlock.Locker, error) {
 	if s == nil {
 		return nil, fmt.Errorf("%w: memory: nil Store", backend.ErrInvalidConfig)
 	}
-	return dlock.New(NewDriver(s), opts)
+	return driver.New(NewDriver(s), opts)
 }
 
 // Expire drops the lock on key at once, as if its TTL had run out, and
@@ -184,6 +184,7 @@ func (d *Driver) Limits() backend.Limits { return backend.Limits{MinTTL: time.Mi
 // (one monotonic clock serves holder and store).
 func (d *Driver) Guarantees() backend.Guarantees {
 	return backend.Guarantees{
+		Backend: "memory",
 		Fencing: backend.FencingConsensus,
 		Notes:   "in-process only: locks are shared by Lockers on one Store, never between processes",
 	}
@@ -284,9 +285,6 @@ func (l *lease) NotifyLoss(f func(error)) {
 	l.g.onLost = f
 }
 
-// Name implements backend.Namer: "memory".
-func (d *Driver) Name() string { return "memory" }
-
 // Inspect implements backend.Inspector. It changes nothing (an expired
 // grant is reported free, not dropped). Waiters is -1: the store keeps no
 // queue, only one watch per waiting Locker.
@@ -305,7 +303,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, err
 	if left <= 0 {
 		return backend.LockInfo{Waiters: -1}, nil
 	}
-	return backend.LockInfo{Held: true, Token: g.token, TTL: left, Waiters: -1}, nil
+	return backend.LockInfo{Held: true, Token: backend.Token(g.token), TTL: left, Waiters: -1}, nil
 }
 
 // Keys implements backend.Inspector: the keys of the store that are held.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/memory"
 )
 
@@ -53,7 +54,7 @@ type plainLease struct{ backend.Lease }
 type plainHarness struct{ harness }
 
 func (h plainHarness) NewLocker(_ context.Context, opts *dlock.Options) (*dlock.Locker, error) {
-	return dlock.New(plainDriver{memory.NewDriver(h.s)}, opts)
+	return driver.New(plainDriver{memory.NewDriver(h.s)}, opts)
 }
 
 func TestConformancePolling(t *testing.T) {

@@ -38,7 +38,7 @@
 //     dlock.backend, dlock.outcome ("released", "not_held", "error").
 //   - dlock.lease.losses (counter, {lease}): leases lost; dlock.backend,
 //     dlock.reason ("expired", "not_held", "backend", "release_failed":
-//     see dlock.EndReason).
+//     see observe.EndReason).
 //   - dlock.leases.held (up-down counter, {lease}): leases held now, by
 //     dlock.backend.
 package otel
@@ -49,6 +49,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/observe"
 	gotel "go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -62,12 +63,12 @@ const ScopeName = "github.com/dlock-go/dlock/otel"
 // The attribute keys of the spans and metrics.
 const (
 	// AttrBackend: the backend's name ("redis", "etcd", ...; see
-	// backend.Namer). On spans and metrics.
+	// backend.Guarantees.Backend). On spans and metrics.
 	AttrBackend = attribute.Key("dlock.backend")
 	// AttrOutcome: how an acquire, refresh or release ended. On spans and
 	// metrics.
 	AttrOutcome = attribute.Key("dlock.outcome")
-	// AttrReason: why a lease was lost (dlock.EndReason). On metrics.
+	// AttrReason: why a lease was lost (observe.EndReason). On metrics.
 	AttrReason = attribute.Key("dlock.reason")
 	// AttrTry: true for TryAcquire, false for Acquire.
 	AttrTry = attribute.Key("dlock.try")
@@ -93,7 +94,7 @@ type Options struct {
 	MeterProvider metric.MeterProvider
 }
 
-// Observer is a dlock.Observer that records spans and metrics. Set it in
+// Observer is an observe.Observer that records spans and metrics. Set it in
 // dlock.Options.Observer. One Observer may serve many Lockers, of any
 // backends; it is safe for concurrent use.
 type Observer struct {
@@ -107,7 +108,7 @@ type Observer struct {
 	held            metric.Int64UpDownCounter
 }
 
-var _ dlock.Observer = (*Observer)(nil)
+var _ observe.Observer = (*Observer)(nil)
 
 // New returns an Observer on the providers of opts. The error is one from
 // the MeterProvider, creating an instrument.
@@ -160,21 +161,21 @@ func New(opts *Options) (*Observer, error) {
 	return obs, nil
 }
 
-// AcquireStart implements dlock.Observer: it starts the span
+// AcquireStart implements observe.Observer: it starts the span
 // "dlock.acquire".
-func (o *Observer) AcquireStart(ctx context.Context, e dlock.AcquireStartEvent) context.Context {
+func (o *Observer) AcquireStart(ctx context.Context, e observe.AcquireStartEvent) context.Context {
 	ctx, _ = o.tracer.Start(ctx, "dlock.acquire", trace.WithAttributes(
 		AttrBackend.String(e.Backend), AttrKey.String(e.Key), AttrTry.Bool(e.Try)))
 	return ctx
 }
 
-// AcquireEnd implements dlock.Observer: it ends the span and records the
+// AcquireEnd implements observe.Observer: it ends the span and records the
 // acquire's duration and attempts.
-func (o *Observer) AcquireEnd(ctx context.Context, e dlock.AcquireEndEvent) {
+func (o *Observer) AcquireEnd(ctx context.Context, e observe.AcquireEndEvent) {
 	attrs := metric.WithAttributes(AttrBackend.String(e.Backend), AttrOutcome.String(string(e.Outcome)), AttrTry.Bool(e.Try))
 	o.acquireDuration.Record(ctx, e.Wait.Seconds(), attrs)
 	o.acquireAttempts.Record(ctx, int64(e.Attempts), attrs)
-	if e.Outcome == dlock.AcquireAcquired {
+	if e.Outcome == observe.AcquireAcquired {
 		o.held.Add(ctx, 1, metric.WithAttributes(AttrBackend.String(e.Backend)))
 	}
 	span := trace.SpanFromContext(ctx)
@@ -182,19 +183,19 @@ func (o *Observer) AcquireEnd(ctx context.Context, e dlock.AcquireEndEvent) {
 		return
 	}
 	span.SetAttributes(AttrOutcome.String(string(e.Outcome)), AttrAttempts.Int(e.Attempts))
-	if e.Outcome == dlock.AcquireAcquired {
+	if e.Outcome == observe.AcquireAcquired {
 		span.SetAttributes(AttrToken.Int64(int64(e.Token)), AttrTTL.Float64(e.TTL.Seconds()))
 	}
-	if e.Outcome == dlock.AcquireError {
+	if e.Outcome == observe.AcquireError {
 		span.RecordError(e.Err)
 		span.SetStatus(codes.Error, e.Err.Error())
 	}
 	span.End()
 }
 
-// Refresh implements dlock.Observer: a span "dlock.refresh" for a call of
+// Refresh implements observe.Observer: a span "dlock.refresh" for a call of
 // Lease.Refresh, and the failure counter.
-func (o *Observer) Refresh(ctx context.Context, e dlock.RefreshEvent) {
+func (o *Observer) Refresh(ctx context.Context, e observe.RefreshEvent) {
 	outcome := "ok"
 	if e.Err != nil {
 		outcome = "error"
@@ -220,24 +221,24 @@ func (o *Observer) Refresh(ctx context.Context, e dlock.RefreshEvent) {
 	span.End(trace.WithTimestamp(end))
 }
 
-// Release implements dlock.Observer: a span "dlock.release" and the
+// Release implements observe.Observer: a span "dlock.release" and the
 // release counter.
-func (o *Observer) Release(ctx context.Context, e dlock.ReleaseEvent) {
+func (o *Observer) Release(ctx context.Context, e observe.ReleaseEvent) {
 	o.releases.Add(ctx, 1, metric.WithAttributes(AttrBackend.String(e.Backend), AttrOutcome.String(string(e.Outcome))))
 	end := time.Now()
 	_, span := o.tracer.Start(ctx, "dlock.release", trace.WithTimestamp(end.Add(-e.Duration)), trace.WithAttributes(
 		AttrBackend.String(e.Backend), AttrKey.String(e.Key), AttrToken.Int64(int64(e.Token)),
 		AttrOutcome.String(string(e.Outcome))))
-	if e.Outcome == dlock.ReleaseError {
+	if e.Outcome == observe.ReleaseError {
 		span.RecordError(e.Err)
 		span.SetStatus(codes.Error, e.Err.Error())
 	}
 	span.End(trace.WithTimestamp(end))
 }
 
-// LeaseEnd implements dlock.Observer: the held-leases gauge, and the loss
+// LeaseEnd implements observe.Observer: the held-leases gauge, and the loss
 // counter.
-func (o *Observer) LeaseEnd(e dlock.LeaseEndEvent) {
+func (o *Observer) LeaseEnd(e observe.LeaseEndEvent) {
 	ctx := context.Background()
 	o.held.Add(ctx, -1, metric.WithAttributes(AttrBackend.String(e.Backend)))
 	if e.Reason.Lost() {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/memory"
 	dlockotel "github.com/dlock-go/dlock/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -90,7 +91,7 @@ func TestObserver(t *testing.T) {
 
 	store := memory.NewStore()
 	d := &spyDriver{Driver: memory.NewDriver(store)}
-	l, err := dlock.New(d, &dlock.Options{Observer: obs})
+	l, err := driver.New(d, &dlock.Options{Observer: obs})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/redis"
 )
 
@@ -38,7 +39,7 @@ func BenchmarkCycle(b *testing.B) {
 	c := serverClient(b)
 	ctx := b.Context()
 	d := newDriver(b, c, nil)
-	l, err := dlock.New(d, nil) // not closed: closing it would close d twice
+	l, err := driver.New(d, nil) // not closed: closing it would close d twice
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -186,8 +187,8 @@ func BenchmarkHandoff(b *testing.B) {
 	key := fmt.Sprintf("bench/handoff/%d", time.Now().UnixNano())
 	ao := &dlock.AcquireOptions{TTL: 30 * time.Second}
 	var pc goredis.UniversalClient
-	if !lockers[0].As(&pc) {
-		b.Fatal("Locker.As(*goredis.UniversalClient) = false")
+	if !driver.LockerAs(lockers[0], &pc) {
+		b.Fatal("driver.LockerAs(*goredis.UniversalClient) = false")
 	}
 	const pings = 1000
 	ping := time.Now()

@@ -12,8 +12,8 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
-	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/conformance"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/redis"
 )
 
@@ -25,7 +25,7 @@ func TestOpenURLWithOwnClient(t *testing.T) {
 	rec := &conformance.LogRecorder{}
 	log := slog.New(rec)
 	prefix := "own-" + uniqueKey(t) + ":"
-	var mux dlock.URLMux
+	var mux driver.URLMux
 	mux.RegisterLocker("redis", &redis.URLOpener{Client: c, Options: redis.Options{
 		Prefix: prefix,
 		Locker: &dlock.Options{Logger: log, TTL: time.Minute},
@@ -45,8 +45,7 @@ func TestOpenURLWithOwnClient(t *testing.T) {
 	if n, err := c.Exists(t.Context(), prefix+"{"+key+"}").Result(); err != nil || n != 1 {
 		t.Errorf("the lock under the Options' prefix: exists %d, %v; want 1", n, err)
 	}
-	var d backend.Driver
-	if !l.As(&d) || redis.LoggerOf(d.(*redis.Driver)) != log {
+	if d := driver.DriverOf(l); redis.LoggerOf(d.(*redis.Driver)) != log {
 		t.Errorf("the backend does not log to the Options' Logger")
 	}
 	if err := le.Release(t.Context()); err != nil {

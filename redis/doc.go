@@ -181,7 +181,7 @@
 // acknowledgements of that connection's writes). If fewer replicas
 // acknowledge in time, the lock is released again and the attempt fails
 // with an error wrapping [backend.ErrUnavailable] (Acquire tries again up
-// to dlock.FailedAttempts times in a row). WAIT narrows, but does
+// to three times in a row). WAIT narrows, but does
 // not close, the failover window: Redis may still promote a replica that did
 // not acknowledge. Only acquires wait; refreshes and releases do not (a
 // refresh lost in a failover shortens a lease that the old primary already

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/internal/examplerun"
 	"github.com/dlock-go/dlock/redis"
 )
@@ -82,7 +83,7 @@ func ExampleURLOpener() {
 	client := goredis.NewClient(&goredis.Options{Addr: redisAddr})
 	defer client.Close()
 
-	mux := new(dlock.URLMux)
+	mux := new(driver.URLMux)
 	mux.RegisterLocker("redis", &redis.URLOpener{
 		Client:  client, // used instead of dialling the URL's host
 		Options: redis.Options{Prefix: "myapp:"},

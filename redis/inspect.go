@@ -27,7 +27,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, err
 	if !s.Held {
 		return backend.LockInfo{Waiters: -1}, nil
 	}
-	return backend.LockInfo{Held: true, Token: s.Counter, TTL: s.PTTL, Waiters: -1}, nil
+	return backend.LockInfo{Held: true, Token: backend.Token(s.Counter), TTL: s.PTTL, Waiters: -1}, nil
 }
 
 // Keys implements backend.Inspector: the held keys under the Driver's

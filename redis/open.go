@@ -15,19 +15,20 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/internal/urlparam"
 )
 
 func init() {
-	m := dlock.DefaultURLMux()
+	m := driver.DefaultURLMux()
 	m.RegisterLocker("redis", &URLOpener{})
 	m.RegisterLocker("rediss", &URLOpener{})
 }
 
 // URLOpener opens redis:// and rediss:// URLs (see the package
 // documentation for their parameters). The package registers a zero
-// URLOpener on dlock.DefaultURLMux; register one of your own on a
-// dlock.URLMux to open URLs with your own client, Logger or Options.
+// URLOpener on driver.DefaultURLMux; register one of your own on a
+// driver.URLMux to open URLs with your own client, Logger or Options.
 type URLOpener struct {
 	// Client, if set, is the client every URL opens on (it stays the
 	// caller's: closing the Locker leaves it open); the URL's host,
@@ -44,24 +45,22 @@ type URLOpener struct {
 // OpenLockerURL opens a Locker for u. Errors wrap
 // [backend.ErrInvalidConfig] (before any I/O) or [backend.ErrUnavailable].
 func (o *URLOpener) OpenLockerURL(ctx context.Context, u *url.URL) (*dlock.Locker, error) {
-	lo, rest, err := dlock.OptionsFromURL(u, o.Options.Locker)
-	if err != nil {
-		return nil, err
-	}
-	base := o.Options
-	base.Locker = lo
-	if o.Client != nil {
-		_, opts, err := parseURL(rest, base)
-		if err != nil {
-			return nil, err
+	return driver.OpenURL(u, o.Options.Locker, limits, func(rest *url.URL, lo *dlock.Options) (func() (backend.Driver, error), error) {
+		base := o.Options
+		base.Locker = lo
+		if o.Client != nil {
+			_, opts, err := parseURL(rest, base)
+			if err != nil {
+				return nil, err
+			}
+			return func() (backend.Driver, error) { return NewDriver(ctx, o.Client, opts) }, nil
 		}
-		return New(ctx, o.Client, opts)
-	}
-	return dlock.Build(lo, limits, func() (backend.Driver, error) { return open(ctx, rest, base) })
+		return func() (backend.Driver, error) { return open(ctx, rest, base) }, nil
+	})
 }
 
 // Guarantees declares, before any I/O, what every Locker the opener opens
-// promises at best (dlock.GuaranteesDeclarer).
+// promises at best (driver.GuaranteesDeclarer).
 func (o *URLOpener) Guarantees() dlock.Guarantees {
 	return dlock.Guarantees{Fencing: dlock.FencingBestEffort, ClockDependent: true, Notes: "single Redis: see the redis package"}
 }
@@ -82,7 +81,7 @@ func New(ctx context.Context, client goredis.UniversalClient, opts *Options) (*d
 	if opts != nil {
 		lo = opts.Locker
 	}
-	return dlock.Build(lo, limits, func() (backend.Driver, error) { return NewDriver(ctx, client, opts) })
+	return driver.Build(lo, limits, func() (backend.Driver, error) { return NewDriver(ctx, client, opts) })
 }
 
 // open makes a client from u, which it owns, and the driver over it.

@@ -92,7 +92,7 @@ type Options struct {
 	// this many replicas have acknowledged the lock; if fewer do within
 	// WaitTimeout, the lock is released and the attempt fails with an
 	// error wrapping [backend.ErrUnavailable] (TryAcquire reports it;
-	// Acquire tries again, see dlock.FailedAttempts, each attempt waiting
+	// Acquire tries again, up to three failed attempts in a row, each waiting
 	// up to WaitTimeout). Refreshes and releases do
 	// not wait. Not allowed with a *goredis.ClusterClient (see the package
 	// documentation). Every acquire's TTL must exceed WaitTimeout. Default
@@ -100,7 +100,7 @@ type Options struct {
 	WaitReplicas int
 	// WaitTimeout is how long WAIT blocks for the replicas. It must be
 	// below the client's ReadTimeout (go-redis's default is 5 s), and
-	// the Locker's TTL (Locker.TTL, default dlock.DefaultTTL) must exceed
+	// the Locker's TTL (Locker.TTL, default backend.DefaultTTL) must exceed
 	// it: New refuses a WaitTimeout that is not, before any I/O, with an
 	// error wrapping [backend.ErrInvalidConfig] (and ErrInvalidTTL for the
 	// TTL). Default [DefaultWaitTimeout] (1 s); ignored when WaitReplicas
@@ -240,7 +240,7 @@ func newDriver(client goredis.UniversalClient, opts *Options) (*Driver, error) {
 		}
 		// Every acquire's TTL must exceed WaitTimeout: check the Locker's
 		// default TTL now rather than at the first acquire.
-		ttl := dlock.DefaultTTL
+		ttl := backend.DefaultTTL
 		if o.Locker != nil && o.Locker.TTL > 0 {
 			ttl = o.Locker.TTL
 		}
@@ -474,6 +474,7 @@ var limits = backend.Limits{MinTTL: time.Millisecond}
 // and a clock-dependent lease.
 func (d *Driver) Guarantees() backend.Guarantees {
 	return backend.Guarantees{
+		Backend:           "redis",
 		Fencing:           backend.FencingBestEffort,
 		ToleratedFailures: 0,
 		FIFO:              false,
@@ -493,7 +494,8 @@ func (d *Driver) Guarantees() backend.Guarantees {
 }
 
 // As sets *target to the driver's client when target is a
-// *goredis.UniversalClient, and reports whether it did.
+// *goredis.UniversalClient, and reports whether it did. From a
+// *dlock.Locker: driver.LockerAs(locker, &client).
 func (d *Driver) As(target any) bool {
 	if p, ok := target.(*goredis.UniversalClient); ok {
 		*p = d.client
@@ -760,6 +762,3 @@ func (l *lease) cleanupAfter(ctx context.Context, cut *pending) {
 	}
 	_ = releaseScript.Run(ctx, l.d.client, l.keys[:1], l.args[:1]...).Err()
 }
-
-// Name implements backend.Namer: "redis".
-func (d *Driver) Name() string { return "redis" }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/internal/urlparam/urltest"
 	"github.com/dlock-go/dlock/redis"
 )
@@ -52,7 +53,7 @@ func (r *logRecorder) warnings(s string) []string {
 // logRecorder.
 func openWithLog(t *testing.T, rawURL string) (*dlock.Locker, *logRecorder, error) {
 	rec := &logRecorder{}
-	var mux dlock.URLMux
+	var mux driver.URLMux
 	opener := &redis.URLOpener{Options: redis.Options{Locker: &dlock.Options{Logger: slog.New(rec)}}}
 	mux.RegisterLocker("redis", opener)
 	mux.RegisterLocker("rediss", opener)

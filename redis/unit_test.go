@@ -12,6 +12,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/redis"
 )
 
@@ -121,7 +122,7 @@ func TestValidateKey(t *testing.T) {
 	}
 
 	// Through a Locker: rejected before any I/O.
-	l, err := dlock.New(d, nil)
+	l, err := driver.New(d, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 )
 
 // ownParams are the URL parameters of this package (ttl is the Locker's,
-// taken by dlock.OptionsFromURL).
+// taken by driver.OptionsFromURL).
 var ownParams = []string{"ttl", "prefix", "wait_replicas", "wait_timeout", "fence_retention", "eviction_check", "dial_timeout"}
 
 // Limits of the go-redis parameters that are counts: go-redis takes any

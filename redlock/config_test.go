@@ -13,6 +13,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance"
 	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/redlock"
 )
 
@@ -37,7 +38,7 @@ func TestOpenURLWithOwnClients(t *testing.T) {
 	defer down.Close()
 	rec := &conformance.LogRecorder{}
 	prefix := "own-" + uniqueKey(t) + ":"
-	var mux dlock.URLMux
+	var mux driver.URLMux
 	mux.RegisterLocker("redlock", &redlock.URLOpener{
 		Clients: []goredis.UniversalClient{up[0], up[1], down},
 		Options: redlock.Options{NodeTimeout: testNodeTimeout, Locker: &dlock.Options{Logger: slog.New(rec), TTL: time.Minute}},

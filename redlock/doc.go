@@ -38,7 +38,7 @@
 //     lock held by others is reported as ErrNotAcquired; when too few nodes
 //     answer to tell, the attempt fails with ErrUnavailable, which ends
 //     TryAcquire, while Acquire tries again and gives up only after
-//     dlock.FailedAttempts such rounds in a row. A node cut at the
+//     three such rounds in a row. A node cut at the
 //     per-node timeout (or any timeout of the Driver's own) fails with an
 //     error that does not match context.DeadlineExceeded: that deadline is
 //     not the caller's. When the caller's context ends during an attempt,

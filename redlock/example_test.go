@@ -11,6 +11,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/internal/examplerun"
 	"github.com/dlock-go/dlock/redlock"
 )
@@ -80,7 +81,7 @@ func ExampleURLOpener() {
 		nodes = append(nodes, c)
 	}
 
-	mux := new(dlock.URLMux)
+	mux := new(driver.URLMux)
 	mux.RegisterLocker("redlock", &redlock.URLOpener{
 		Clients: nodes, // used instead of dialling the URL's hosts
 		Options: redlock.Options{Prefix: "myapp:"},

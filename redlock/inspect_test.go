@@ -11,6 +11,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance"
 	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/driver"
 )
 
 func TestInspect(t *testing.T) {
@@ -60,7 +61,7 @@ func TestInspectMajority(t *testing.T) {
 	if !info.Held || info.TTL <= 0 || info.TTL > 10*time.Second || info.Token != 0 || info.Waiters != -1 {
 		t.Errorf("Inspect with 3 of 5 nodes on one value = %+v, want held, TTL in (0, 10s], no token, Waiters -1", info)
 	}
-	keys, err := l.Keys(ctx, 1<<20)
+	keys, err := driver.Keys(ctx, l, 1<<20)
 	if err != nil || !contains(keys, key) {
 		t.Errorf("Keys = %q, %v; want %q among them", keys, err, key)
 	}
@@ -107,10 +108,10 @@ func TestInspectNodesDown(t *testing.T) {
 	if info, err := l.Inspect(ctx, key); err != nil || !info.Held {
 		t.Errorf("Inspect (held on 3 live nodes) = %+v, %v; want held", info, err)
 	}
-	if keys, err := l.Keys(ctx, 1<<20); !errors.Is(err, dlock.ErrUnavailable) {
+	if keys, err := driver.Keys(ctx, l, 1<<20); !errors.Is(err, dlock.ErrUnavailable) {
 		t.Errorf("Keys with 2 nodes down = %q, %v; want ErrUnavailable", keys, err)
 	}
-	if keys, err := l.Keys(ctx, 1); err != nil || len(keys) != 1 {
+	if keys, err := driver.Keys(ctx, l, 1); err != nil || len(keys) != 1 {
 		t.Errorf("Keys(1) with 2 nodes down = %q, %v; want a key found on the live nodes", keys, err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/internal/bg"
 	"github.com/dlock-go/dlock/internal/redisx/redishub"
 	"github.com/dlock-go/dlock/internal/redisx/redisscript"
@@ -85,7 +86,6 @@ type Driver struct {
 var (
 	_ backend.Driver         = (*Driver)(nil)
 	_ backend.Waiter         = (*Driver)(nil)
-	_ backend.Drifter        = (*Driver)(nil)
 	_ backend.BatchRefresher = (*Driver)(nil)
 )
 
@@ -102,7 +102,7 @@ func New(ctx context.Context, nodes []goredis.UniversalClient, opts *Options) (*
 	if opts != nil {
 		lo = opts.Locker
 	}
-	return dlock.Build(lo, limits, func() (backend.Driver, error) { return NewDriver(ctx, nodes, opts) })
+	return driver.Build(lo, limits, func() (backend.Driver, error) { return NewDriver(ctx, nodes, opts) })
 }
 
 // NewDriver is [New] without the Locker. It loads the scripts on the nodes
@@ -303,10 +303,6 @@ func (d *Driver) warnUnannounced(node int, lockKey string) {
 		"(logged at most once a minute)", "node", node, "key", lockKey, "channel", lockKey+redisscript.ReleaseSuffix)
 }
 
-// DriftFactor reports the drift factor, so that the Locker's deadlines
-// use it too (backend.Drifter).
-func (d *Driver) DriftFactor() float64 { return d.drift }
-
 // nodeTimeoutFor is the per-node timeout of an attempt with this TTL.
 func (d *Driver) nodeTimeoutFor(ttl time.Duration) time.Duration {
 	return max(min(d.nodeTimeout, ttl/10), time.Millisecond)
@@ -330,8 +326,13 @@ func (d *Driver) ValidateKey(key string) error {
 	return nil
 }
 
-// Limits: whole milliseconds; the TTL must leave room for the drift.
-func (d *Driver) Limits() backend.Limits { return limits }
+// Limits: whole milliseconds; the TTL must leave room for the drift. Its
+// DriftFactor is the driver's, so that the Locker's deadlines use it too.
+func (d *Driver) Limits() backend.Limits {
+	lim := limits
+	lim.DriftFactor = d.drift
+	return lim
+}
 
 // limits are the Driver's Limits, known before any I/O.
 var limits = backend.Limits{MinTTL: 10 * time.Millisecond}
@@ -340,6 +341,7 @@ var limits = backend.Limits{MinTTL: 10 * time.Millisecond}
 // rests on timing.
 func (d *Driver) Guarantees() backend.Guarantees {
 	return backend.Guarantees{
+		Backend:           "redlock",
 		Fencing:           backend.FencingBestEffort,
 		ToleratedFailures: (len(d.nodes) - 1) / 2,
 		ClockDependent:    true,
@@ -359,7 +361,8 @@ func (d *Driver) Guarantees() backend.Guarantees {
 	}
 }
 
-// As supports *[]goredis.UniversalClient (the nodes).
+// As supports *[]goredis.UniversalClient (the nodes). From a
+// *dlock.Locker: driver.LockerAs(locker, &nodes).
 func (d *Driver) As(target any) bool {
 	if p, ok := target.(*[]goredis.UniversalClient); ok {
 		*p = d.nodes
@@ -402,6 +405,3 @@ func newValue() string {
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
-
-// Name implements backend.Namer: "redlock".
-func (d *Driver) Name() string { return "redlock" }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/internal/urlparam/urltest"
 	"github.com/dlock-go/dlock/redlock"
 )
@@ -50,7 +51,7 @@ func (r *logRecorder) warnings(s string) []string {
 // logRecorder.
 func openWithLog(t *testing.T, rawURL string) (*dlock.Locker, *logRecorder, error) {
 	rec := &logRecorder{}
-	var mux dlock.URLMux
+	var mux driver.URLMux
 	opener := &redlock.URLOpener{Options: redlock.Options{NodeTimeout: testNodeTimeout, Locker: &dlock.Options{Logger: slog.New(rec)}}}
 	mux.RegisterLocker("redlocks", opener)
 	l, err := mux.OpenLocker(t.Context(), rawURL)

@@ -32,7 +32,7 @@ func TestDeadlineCountsFromTheRead(t *testing.T) {
 	slow := newLocker(t, []string{p.Addr()}, nil)
 	fast := newLocker(t, srv, nil)
 	p.Delay(latency)
-	margin := time.Duration(float64(ttl)*dlock.DefaultDriftFactor) + 2*time.Millisecond
+	margin := time.Duration(float64(ttl)*0.01) + 2*time.Millisecond // the default Options.DriftFactor
 	// The read is sent at least a round trip (2 × latency) before its
 	// reply reaches the client, and the call returns after that.
 	check := func(what string, le *dlock.Lease, returned time.Time) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/internal/urlparam/urltest"
 	"github.com/dlock-go/dlock/zookeeper"
 )
@@ -89,7 +90,7 @@ func TestFailedOpenLogsNoWarnings(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var rec conformance.LogRecorder
-			var mux dlock.URLMux
+			var mux driver.URLMux
 			mux.RegisterLocker("zk", &zookeeper.URLOpener{Options: zookeeper.Options{Locker: &dlock.Options{Logger: slog.New(&rec)}}})
 			_, err := mux.OpenLocker(t.Context(), "zk://"+c.addr+"?dial_timeout=2500ms")
 			if !errors.Is(err, dlock.ErrUnavailable) {

@@ -13,6 +13,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance"
 	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/zookeeper"
 )
 
@@ -23,7 +24,7 @@ func TestOpenURLWithOwnLoggerAndOptions(t *testing.T) {
 	srv := servers.ZooKeeper(t, 1).Servers()
 	rec := &conformance.LogRecorder{}
 	prefix := "/own-" + strings.ReplaceAll(uniqueKey(t), ".", "-")
-	var mux dlock.URLMux
+	var mux driver.URLMux
 	mux.RegisterLocker("zk", &zookeeper.URLOpener{Options: zookeeper.Options{
 		SessionTimeout: testSession,
 		Prefix:         prefix,

@@ -68,9 +68,9 @@
 //     default 2s), which the Locker's Limits().MaxTTL reports; "How long
 //     the session lives" below says why. A longer TTL fails with
 //     ErrInvalidTTL before any I/O, and the Locker's default TTL is that
-//     bound when it is below dlock.DefaultTTL: on the default 40s session
+//     bound when it is below backend.DefaultTTL: on the default 40s session
 //     and 2s tick, 40s - 40s/3 - 2s, about 24.67s. A session timeout too
-//     short for the tick (a bound below dlock.MinTTL) makes New or Open
+//     short for the tick (a bound below backend.MinTTL) makes New or Open
 //     fail with ErrInvalidConfig. The bound is read when the Locker is
 //     made: a server whose maxSessionTimeout is lowered later needs new
 //     Lockers.
@@ -330,5 +330,6 @@
 // Unlike the other backends, New takes the server list rather than a live
 // client: the driver needs its session's state changes and the negotiated
 // session timeout, which go-zookeeper's Conn only offers to the code that
-// connects. Locker.As(**zk.Conn) reaches the connection.
+// connects. driver.LockerAs(locker, &conn), with conn a *zk.Conn (package
+// github.com/dlock-go/dlock/driver), reaches the connection.
 package zookeeper

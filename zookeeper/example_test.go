@@ -8,6 +8,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/internal/examplerun"
 	"github.com/dlock-go/dlock/zookeeper"
 )
@@ -70,7 +71,7 @@ func ExampleNew() {
 // and its parameters override the Options.
 func ExampleURLOpener() {
 	ctx := context.Background()
-	mux := new(dlock.URLMux)
+	mux := new(driver.URLMux)
 	mux.RegisterLocker("zk", &zookeeper.URLOpener{Options: zookeeper.Options{SessionTimeout: 30 * time.Second}})
 	locker, err := mux.OpenLocker(ctx, "zk://"+zkServer+"/myapp/locks?ttl=5s")
 	if err != nil {

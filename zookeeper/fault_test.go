@@ -17,6 +17,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/zookeeper"
 )
 
@@ -529,8 +530,8 @@ func awaitLeader(t *testing.T, e *servers.ZooKeeperEnsemble, down map[int]bool) 
 func zkConnOf(t *testing.T, l *dlock.Locker) *zk.Conn {
 	t.Helper()
 	var c *zk.Conn
-	if !l.As(&c) {
-		t.Fatal("Locker.As(**zk.Conn) = false")
+	if !driver.LockerAs(l, &c) {
+		t.Fatal("driver.LockerAs(**zk.Conn) = false")
 	}
 	return c
 }

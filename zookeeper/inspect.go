@@ -57,7 +57,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, err
 		if stat == nil || stat.Czxid == 0 {
 			continue // released since the listing: list again
 		}
-		return backend.LockInfo{Held: true, Token: uint64(stat.Czxid), Waiters: len(kids) - 1}, nil
+		return backend.LockInfo{Held: true, Token: backend.Token(stat.Czxid), Waiters: len(kids) - 1}, nil
 	}
 }
 

@@ -12,12 +12,14 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/internal/urlparam"
 )
 
 func init() {
-	dlock.DefaultURLMux().RegisterLocker("zk", &URLOpener{})
-	dlock.DefaultURLMux().RegisterLocker("zks", &URLOpener{})
+	m := driver.DefaultURLMux()
+	m.RegisterLocker("zk", &URLOpener{})
+	m.RegisterLocker("zks", &URLOpener{})
 }
 
 // URLOpener opens zk:// and zks:// (TLS) URLs:
@@ -39,7 +41,7 @@ func init() {
 // server_name (the name to verify, default each server's host as
 // written, not the address it resolves to). The
 // package registers a zero URLOpener on
-// dlock.DefaultURLMux; register one of your own on a dlock.URLMux to open
+// driver.DefaultURLMux; register one of your own on a driver.URLMux to open
 // URLs with your own Logger or Options (Options.Dialer opens the
 // connections to the servers the URL names). There is no client to pass:
 // the backend owns its ZooKeeper session (see [New]).
@@ -53,17 +55,15 @@ type URLOpener struct {
 // OpenLockerURL opens a Locker for u. Errors wrap
 // [backend.ErrInvalidConfig] (before any I/O) or [backend.ErrUnavailable].
 func (o *URLOpener) OpenLockerURL(ctx context.Context, u *url.URL) (*dlock.Locker, error) {
-	lo, rest, err := dlock.OptionsFromURL(u, o.Options.Locker)
-	if err != nil {
-		return nil, err
-	}
-	base := o.Options
-	base.Locker = lo
-	return dlock.Build(lo, limits, func() (backend.Driver, error) { return open(ctx, rest, base) })
+	return driver.OpenURL(u, o.Options.Locker, limits, func(rest *url.URL, lo *dlock.Options) (func() (backend.Driver, error), error) {
+		base := o.Options
+		base.Locker = lo
+		return func() (backend.Driver, error) { return open(ctx, rest, base) }, nil
+	})
 }
 
 // Guarantees declares, before any I/O, what every Locker the opener opens
-// promises at best (dlock.GuaranteesDeclarer).
+// promises at best (driver.GuaranteesDeclarer).
 func (o *URLOpener) Guarantees() dlock.Guarantees {
 	return dlock.Guarantees{Fencing: dlock.FencingConsensus}
 }

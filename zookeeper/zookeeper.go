@@ -23,6 +23,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/internal/bg"
 )
 
@@ -185,7 +186,7 @@ type Driver struct {
 // New connects to the ensemble (servers are host:port), waits for a session,
 // creates the prefix node if it is missing, and returns a Locker configured
 // by opts.Locker (its default TTL is Limits().MaxTTL if that is shorter
-// than dlock.DefaultTTL, as on the default 40s session and 2s tick, where
+// than backend.DefaultTTL, as on the default 40s session and 2s tick, where
 // it is about 24.67s; see dlock.Options.TTL), whose Logger the backend logs
 // to as well. Closing the Locker closes the session, which deletes every
 // lock node it still owns. Errors wrap [backend.ErrInvalidConfig] (bad
@@ -198,7 +199,7 @@ func New(ctx context.Context, servers []string, opts *Options) (*dlock.Locker, e
 	if opts != nil {
 		lo = opts.Locker
 	}
-	return dlock.Build(lo, limits, func() (backend.Driver, error) { return NewDriver(ctx, servers, opts) })
+	return driver.Build(lo, limits, func() (backend.Driver, error) { return NewDriver(ctx, servers, opts) })
 }
 
 // NewDriver is [New] without the Locker, for callers that wrap the driver.
@@ -362,14 +363,14 @@ func newDriver(ctx context.Context, servers []string, opts *Options, hooks *dial
 }
 
 // checkSession refuses a granted session timeout that leaves no TTL of at
-// least dlock.MinTTL under the bound (see [Driver.Limits]).
+// least backend.MinTTL under the bound (see [Driver.Limits]).
 func (d *Driver) checkSession() error {
 	timeout := d.SessionTimeout()
-	if bound := maxTTL(timeout, d.tick); bound < dlock.MinTTL {
+	if bound := maxTTL(timeout, d.tick); bound < backend.MinTTL {
 		return fmt.Errorf("%w: zookeeper: the session timeout granted, %v, is too short for a tick of %v: "+
 			"the longest safe TTL, %v less a third of it less a tick, is %v, below dlock's floor of %v "+
 			"(ask for a longer SessionTimeout, or set TickTime to the servers' tickTime if it is shorter)",
-			backend.ErrInvalidConfig, timeout, d.tick, timeout, bound, dlock.MinTTL)
+			backend.ErrInvalidConfig, timeout, d.tick, timeout, bound, backend.MinTTL)
 	}
 	return nil
 }
@@ -615,6 +616,7 @@ var limits = backend.Limits{}
 // ensemble (counted from the server list) must be up.
 func (d *Driver) Guarantees() backend.Guarantees {
 	return backend.Guarantees{
+		Backend:           "zookeeper",
 		Fencing:           backend.FencingConsensus,
 		ToleratedFailures: (d.servers - 1) / 2,
 		FIFO:              true,
@@ -624,7 +626,8 @@ func (d *Driver) Guarantees() backend.Guarantees {
 	}
 }
 
-// As supports **zk.Conn (the driver's connection; do not close it).
+// As supports **zk.Conn (the driver's connection; do not close it). From
+// a *dlock.Locker: driver.LockerAs(locker, &conn).
 func (d *Driver) As(target any) bool {
 	if p, ok := target.(**zk.Conn); ok {
 		*p = d.conn
@@ -1269,6 +1272,3 @@ func (d *Driver) acquireErr(ctx context.Context, err error) error {
 func unavailable(doing string, err error) error {
 	return fmt.Errorf("%w: zookeeper: %s: %w", backend.ErrUnavailable, doing, err)
 }
-
-// Name implements backend.Namer: "zookeeper".
-func (d *Driver) Name() string { return "zookeeper" }

@@ -122,7 +122,7 @@ func TestOpenWithDigestAuth(t *testing.T) {
 // relays the request it counts from (package doc, "How long the session
 // lives"). The Locker reports that bound in Limits, refuses a longer TTL
 // before any I/O (Acquire and Refresh), takes it as its default TTL when
-// it is below dlock.DefaultTTL, and a session too short for the tick is a
+// it is below backend.DefaultTTL, and a session too short for the tick is a
 // configuration error.
 func TestTTLBoundBySession(t *testing.T) {
 	t.Parallel()
@@ -174,7 +174,7 @@ func TestTTLBoundBySession(t *testing.T) {
 		t.Error(err)
 	} else {
 		if le.TTL() != want {
-			t.Errorf("default TTL %v, want the bound %v (below dlock.DefaultTTL)", le.TTL(), want)
+			t.Errorf("default TTL %v, want the bound %v (below backend.DefaultTTL)", le.TTL(), want)
 		}
 		_ = le.Release(t.Context())
 	}

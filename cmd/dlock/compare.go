@@ -21,6 +21,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/check"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/fence"
 )
 
@@ -362,7 +363,7 @@ func (t *cmpTarget) close() {
 // keys returns up to cmpKeysLimit keys held or waited for under the
 // target's prefix.
 func (t *cmpTarget) keys(ctx context.Context) ([]string, error) {
-	return t.lockers[0].Keys(ctx, cmpKeysLimit)
+	return driver.Keys(ctx, t.lockers[0], cmpKeysLimit)
 }
 
 // result is t's row before any phase has run: the guarantees it declares,

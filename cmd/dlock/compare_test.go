@@ -15,6 +15,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/driver"
 )
 
 // runCompareBin runs the built dlock with args and returns its standard
@@ -362,7 +363,7 @@ func compareInterrupted(t *testing.T, url, prefix string, args ...string) (stdou
 	}()
 	// Interrupt once the workload holds a lock under the prefix.
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		keys, err := probe.Keys(t.Context(), 1)
+		keys, err := driver.Keys(t.Context(), probe, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -387,7 +388,7 @@ func compareInterrupted(t *testing.T, url, prefix string, args ...string) (stdou
 	case <-time.After(30 * time.Second):
 		t.Fatalf("still running 30s after SIGINT (--duration 60s)\nstderr:\n%s", e.String())
 	}
-	if keys, err := probe.Keys(t.Context(), 10); err != nil || len(keys) > 0 {
+	if keys, err := driver.Keys(t.Context(), probe, 10); err != nil || len(keys) > 0 {
 		t.Errorf("keys under the prefix after the interrupted run: %q, %v; want none", keys, err)
 	}
 	return o.String(), e.String()

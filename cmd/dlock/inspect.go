@@ -50,11 +50,11 @@ Flags:
 
 // inspectJSON is dlock inspect --json's output. Unknown values are null.
 type inspectJSON struct {
-	Key     string   `json:"key"`
-	Held    bool     `json:"held"`
-	Token   *uint64  `json:"token"`
-	TTL     *float64 `json:"ttl_seconds"`
-	Waiters *int     `json:"waiters"`
+	Key     string       `json:"key"`
+	Held    bool         `json:"held"`
+	Token   *dlock.Token `json:"token"`
+	TTL     *float64     `json:"ttl_seconds"`
+	Waiters *int         `json:"waiters"`
 }
 
 // inspectCmd is dlock inspect.

@@ -16,7 +16,7 @@
 //
 // Backends are chosen by URL, as in dlock.Open: --url, or DLOCK_URL; or by
 // purpose (--purpose correctness|efficiency), with DLOCK_CORRECTNESS_URL and
-// DLOCK_EFFICIENCY_URL (dlock.ConfigFromEnv).
+// DLOCK_EFFICIENCY_URL (the URLs of a dlock.Config).
 //
 // Exit status: 0 on success; 2 for a usage error; 1 when a command other
 // than run fails. dlock run passes the command's exit status through (128+N

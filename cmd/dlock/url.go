@@ -55,14 +55,14 @@ const backendHelp = `The backend is the URL given by --url, else $` + envURL + `
 etcd://localhost:2379, redis://localhost:6379, zk://localhost:2181,
 redlock://h1:6379,h2:6379,h3:6379; parameters as in dlock.Open, for
 example ?ttl=15s). With --purpose correctness|efficiency it is the URL in
-$` + envCorrectness + ` or $` + envEfficiency + ` (dlock.ConfigFromEnv),
+$` + envCorrectness + ` or $` + envEfficiency + ` (a dlock.Config),
 opened for that purpose: a backend that cannot serve it is refused.`
 
 // openLocker opens the backend a subcommand was told to use:
 //
 //   - purpose "correctness" or "efficiency": the URL of dlock.Config for
 //     that purpose, read from DLOCK_CORRECTNESS_URL / DLOCK_EFFICIENCY_URL
-//     through e.getenv (as dlock.ConfigFromEnv does), opened with that
+//     through e.getenv, opened by dlock.Config.Open with that
 //     purpose (a backend that cannot serve it is refused);
 //   - else rawURL, else DLOCK_URL (through e.getenv), opened by
 //     dlock.Open (a purpose=... parameter in the URL is honoured).

@@ -16,6 +16,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/check"
 	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/internal/redisx/redisscript"
 	"github.com/dlock-go/dlock/redis"
 )
@@ -633,17 +634,17 @@ func crashAwaitReachable(t *testing.T, l *dlock.Locker) {
 		var rc goredis.UniversalClient
 		var rcs []goredis.UniversalClient
 		switch {
-		case l.As(&zc):
+		case driver.LockerAs(l, &zc):
 			if st := zc.State(); st != zk.StateHasSession {
 				return fmt.Errorf("zookeeper: %v", st)
 			}
 			return nil
-		case l.As(&ec):
+		case driver.LockerAs(l, &ec):
 			_, err := ec.Get(ctx, "dlock-matrix-probe")
 			return err
-		case l.As(&rc):
+		case driver.LockerAs(l, &rc):
 			return rc.Ping(ctx).Err()
-		case l.As(&rcs):
+		case driver.LockerAs(l, &rcs):
 			var errs []error
 			for _, c := range rcs {
 				errs = append(errs, c.Ping(ctx).Err())
