@@ -48,9 +48,8 @@ func (l *Locker) Inspect(ctx context.Context, key string) (LockInfo, error) {
 // nothing. A limit ≤ 0 is an error matching ErrInvalidConfig, and a backend
 // that cannot list its keys one matching errors.ErrUnsupported and
 // ErrInvalidConfig, both before any I/O. Errors are *[OpError] values with
-// Op "keys".
-// It is package driver's Keys, for tools (cmd/dlock compare) and the
-// conformance suite.
+// Op "keys". It is package driver's Keys, for tools (cmd/dlock compare)
+// and the conformance suite.
 func (l *Locker) keys(ctx context.Context, limit int) ([]string, error) {
 	in, err := l.inspector()
 	if err != nil {

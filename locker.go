@@ -124,8 +124,8 @@ type Options struct {
 	DriftFactor float64
 	// Logger receives the Locker's warnings (failed background refreshes,
 	// failed releases at Close) and its backend's (each backend package
-	// says what it logs): the backend constructors and URLOpeners hand it
-	// to the backend. A normal Close logs nothing above Debug. Default
+	// says what it logs): the backend constructors and URL openers hand
+	// it to the backend. A normal Close logs nothing above Debug. Default
 	// slog.Default().
 	Logger *slog.Logger
 	// Observer receives the events of acquires and leases, for metrics
@@ -188,11 +188,11 @@ type Locker struct {
 }
 
 // newLocker returns a Locker over the backend driver d (package driver's
-// New, which backend constructors call). Zero fields of opts take their defaults; a
-// field out of range (a negative duration, DriftFactor of 0.5 or more,
-// RetryMax below RetryMin, a TTL outside the backend's limits) is an error
-// matching ErrInvalidConfig or ErrInvalidTTL, and New then returns no
-// Locker (d stays open: it is the caller's to close).
+// New, which backend constructors call). Zero fields of opts take their
+// defaults; a field out of range (a negative duration, DriftFactor of 0.5
+// or more, RetryMax below RetryMin, a TTL outside the backend's limits) is
+// an error matching ErrInvalidConfig or ErrInvalidTTL, and it then returns
+// no Locker (d stays open: it is the caller's to close).
 func newLocker(d backend.Driver, opts *Options) (*Locker, error) {
 	if d == nil {
 		return nil, fmt.Errorf("%w: nil driver", ErrInvalidConfig)
