@@ -19,7 +19,7 @@ import (
 const envServerd = "DLOCK_SERVERD"
 
 // request is one line to serverd; see the serverd command's documentation
-// (the serverd directory) for the protocol. The two sides keep their own
+// (tests/serverd) for the protocol. The two sides keep their own
 // copies of these few types.
 type request struct {
 	ID       uint64   `json:"id"`
@@ -126,18 +126,18 @@ func getDaemon() (*daemon, error) {
 }
 
 // serverdBinary returns the serverd binary to run: $DLOCK_SERVERD, else one
-// built now from the serverd directory next to this file, in a temporary
-// directory that the caller removes (dir).
+// built now from its source in the development module (tests/serverd in
+// this checkout), in a temporary directory that the caller removes (dir).
 func serverdBinary() (bin, dir string, err error) {
 	if p := os.Getenv(envServerd); p != "" {
 		return p, "", nil
 	}
 	_, file, _, ok := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(file), "serverd")
+	src := filepath.Join(filepath.Dir(file), "..", "..", "tests", "serverd")
 	if !ok || !filepath.IsAbs(file) {
 		return "", "", fmt.Errorf("cannot locate the serverd source (built with -trimpath?); set %s to a serverd binary", envServerd)
 	}
-	if _, err := os.Stat(filepath.Join(src, "go.mod")); err != nil {
+	if _, err := os.Stat(filepath.Join(src, "main.go")); err != nil {
 		return "", "", fmt.Errorf("no serverd source at %s (%v); set %s to a serverd binary", src, err, envServerd)
 	}
 	gocmd := filepath.Join(runtime.GOROOT(), "bin", "go")

@@ -126,8 +126,8 @@
 //
 // This package does not talk to Docker itself. All the container code
 // (testcontainers-go, the Docker client, the kinds of server, their command
-// lines and readiness checks) is in the command serverd, in the serverd
-// directory: a module of its own, so that testcontainers-go's many
+// lines and readiness checks) is in the command serverd (tests/serverd, in
+// the development module, tests), so that testcontainers-go's many
 // dependencies stay out of every library module's go.mod and go.sum, and
 // out of their users'. The first call that needs a server starts one
 // serverd child process per test process; each operation (start servers,
@@ -149,8 +149,8 @@
 //
 // The serverd binary is $DLOCK_SERVERD if set (scripts/test.sh builds it
 // once per run, into its cache directory, and exports it); otherwise this
-// package builds it with `go build` from the serverd directory next to its
-// own source file (found with runtime.Caller), once per test process, and
+// package builds it with `go build` from tests/serverd in the checkout it
+// was compiled from (found with runtime.Caller), once per test process, and
 // deletes the binary once started. That needs the go command and the
 // source, as in this repository; a test binary built with -trimpath needs
 // DLOCK_SERVERD.
