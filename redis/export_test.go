@@ -18,3 +18,5 @@ func NewDriverNoIO(client goredis.UniversalClient, opts *Options) (*Driver, erro
 
 // LoggerOf returns the Logger d logs to.
 func LoggerOf(d *Driver) *slog.Logger { return d.log }
+
+var AtDeadline = atDeadline

@@ -2,6 +2,8 @@ package redis
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -233,14 +235,34 @@ func (d *Driver) script(ctx context.Context, s *goredis.Script, keys []string, a
 			}
 			if !goredis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
 				n, err := c.cmd.Int64()
-				return n, nil, err
+				return n, nil, atDeadline(ctx, err)
 			}
 			// The server's script cache was flushed: EVAL, as
 			// Script.Run does.
 			n, err := s.Eval(ctx, d.client, keys, args...).Int64()
-			return n, nil, err
+			return n, nil, atDeadline(ctx, err)
 		}
 	}
 	n, err := s.Run(ctx, d.client, keys, args...).Int64()
-	return n, nil, err
+	return n, nil, atDeadline(ctx, err)
+}
+
+// atDeadline adds context.DeadlineExceeded (or ctx's error) to err, the
+// failure of a command sent with ctx, when ctx has ended or its deadline
+// has passed. go-redis sets the connection's deadline from ctx's
+// (ContextTimeoutEnabled), so a read can time out ("i/o timeout") an
+// instant before ctx's own timer marks ctx done, on a busy machine; the
+// caller must still see that its deadline ended the call (seen in CI:
+// TestAcquireCancelledInFlightCleansUp got "redis: i/o timeout" alone).
+func atDeadline(ctx context.Context, err error) error {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return fmt.Errorf("%w (%w)", err, cerr)
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return fmt.Errorf("%w (%w)", err, context.DeadlineExceeded)
+	}
+	return err
 }
