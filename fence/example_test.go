@@ -12,6 +12,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/fence"
 	"github.com/dlock-go/dlock/memory"
+	"github.com/dlock-go/dlock/redis"
 )
 
 // Kleppmann's pause: the first holder stalls past its lease, a second
@@ -55,8 +56,8 @@ func ExampleGuard() {
 }
 
 // Code that writes through a fenced store takes a fence.Store, so that the
-// same code runs on Redis, etcd or a SQL table (fence.Redis, etcd.FenceStore,
-// fence.SQLTable). (Not run here: it needs a Redis server.)
+// same code runs on Redis, etcd or a SQL table (redis.FenceStore,
+// etcd.FenceStore, fence.SQLTable). (Not run here: it needs a Redis server.)
 func ExampleStore() {
 	save := func(ctx context.Context, store fence.Store, lease *dlock.Lease, order string) error {
 		// An error matching fence.ErrStaleToken: the lock was lost (a
@@ -78,7 +79,7 @@ func ExampleStore() {
 		log.Fatal(err)
 	}
 	defer lease.Release(ctx)
-	if err := save(ctx, fence.Redis{Client: rdb}, lease, `{"status":"paid"}`); err != nil {
+	if err := save(ctx, redis.FenceStore{Client: rdb}, lease, `{"status":"paid"}`); err != nil {
 		log.Fatal(err)
 	}
 }

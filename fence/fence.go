@@ -12,7 +12,8 @@
 //
 //   - [Guard]: in memory, for tests and for wrapping any Go resource.
 //   - [SQLTable]: a conditional upsert in one statement (PostgreSQL).
-//   - [Redis]: a Lua check-and-set next to the data.
+//   - redis.FenceStore (package redis, with go-redis): a Lua check-and-set
+//     next to the data.
 //   - etcd.FenceStore (the etcd module): a transaction comparing the token
 //     stored beside the data. (To
 //     fence an etcd write with no extra state, put the lock's own
@@ -109,8 +110,9 @@ func (g *Guard) Highest(resource string) dlock.Token {
 	return r.highest
 }
 
-// Store is a fenced key-value store: [Redis] and [SQLTable] have it, and
-// so has etcd.FenceStore (in the etcd module, with the etcd client). Set
+// Store is a fenced key-value store: [SQLTable] has it, and so have
+// redis.FenceStore (package redis) and etcd.FenceStore (the etcd module),
+// which live with their clients so that this package needs none. Set
 // writes value under key if token is at least the highest token a write to
 // key has carried (equal tokens pass) and records token, in one atomic
 // step. A lower token gets a *StaleError (matching ErrStaleToken)
@@ -122,6 +124,5 @@ type Store interface {
 }
 
 var (
-	_ Store = Redis{}
 	_ Store = SQLTable{}
 )

@@ -25,7 +25,7 @@ import (
 	"github.com/dlock-go/dlock/etcd"
 	"github.com/dlock-go/dlock/fence"
 	_ "github.com/dlock-go/dlock/memory"
-	_ "github.com/dlock-go/dlock/redis"
+	"github.com/dlock-go/dlock/redis"
 	_ "github.com/dlock-go/dlock/redlock"
 	_ "github.com/dlock-go/dlock/zookeeper"
 )
@@ -156,7 +156,7 @@ ON CONFLICT (id) DO UPDATE SET body = EXCLUDED.body`, k, v)
 		{
 			name: "redis",
 			write: func(ctx context.Context, k, v string, tok dlock.Token) error {
-				return fence.Redis{Client: rc}.Set(ctx, k, v, tok)
+				return redis.FenceStore{Client: rc}.Set(ctx, k, v, tok)
 			},
 			plain: func(ctx context.Context, k, v string) error { return rc.Set(ctx, k, v, 0).Err() },
 			read:  func(ctx context.Context, k string) string { return rc.Get(ctx, k).Val() },

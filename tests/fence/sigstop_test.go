@@ -21,6 +21,7 @@ import (
 	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/etcd"
 	"github.com/dlock-go/dlock/fence"
+	"github.com/dlock-go/dlock/redis"
 )
 
 // childEnv, when set, makes the test binary TestPausedProcess's child.
@@ -56,7 +57,7 @@ func (s stores) writeAll(ctx context.Context, key, v string, tok dlock.Token) (m
 	defer db.Close()
 	out := map[string]string{}
 	for name, err := range map[string]error{
-		"redis": fence.Redis{Client: rc}.Set(ctx, key, v, tok),
+		"redis": redis.FenceStore{Client: rc}.Set(ctx, key, v, tok),
 		"etcd":  etcd.FenceStore{Client: ec}.Set(ctx, key, v, tok),
 		"sql":   fence.SQLTable{DB: db, Table: s.Table, KeyColumn: "id", ValueColumn: "body"}.Set(ctx, key, v, tok),
 	} {

@@ -1,4 +1,4 @@
-package fence
+package redis
 
 import (
 	"context"
@@ -9,31 +9,33 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/fence"
 	"github.com/dlock-go/dlock/internal/fencecheck"
 )
 
-//go:embed set.lua
-var setSrc string
+//go:embed fencestore_set.lua
+var fenceSetSrc string
 
-var setScript = goredis.NewScript(setSrc)
+var fenceSetScript = goredis.NewScript(fenceSetSrc)
 
-// TokenSuffix follows a data key to name the key where [Redis] keeps the
-// highest token written to it.
-const TokenSuffix = ":fence-token"
+// FenceTokenSuffix follows a data key to name the key where [FenceStore]
+// keeps the highest token written to it.
+const FenceTokenSuffix = ":fence-token"
 
-// Redis fences writes to Redis string values: the token is checked and the
-// value set in one Lua script, next to the data. The highest token for key
-// is kept at key + TokenSuffix; on Redis Cluster, give key a hash tag
+// FenceStore fences writes to Redis string values (a fence.Store): the
+// token is checked and the value set in one Lua script, next to the data.
+// It needs no lock of this package: any backend's token will do. The
+// highest token for key is kept at key + FenceTokenSuffix; on Redis Cluster, give key a hash tag
 // ("{orders}:42") so that both land in one slot. The stored token is as
 // durable as Redis is: a failover to a replica that missed it forgets it.
-type Redis struct {
+type FenceStore struct {
 	Client goredis.UniversalClient
 }
 
 // Set stores value under key if token is at least the highest token a
 // write to key has carried (equal tokens pass), and records token, in one
-// script; see [Store] for the errors. A *goredis.Ring is refused.
-func (r Redis) Set(ctx context.Context, key, value string, token dlock.Token) error {
+// script; see fence.Store for the errors. A *goredis.Ring is refused.
+func (r FenceStore) Set(ctx context.Context, key, value string, token dlock.Token) error {
 	if err := fencecheck.Set("redis", key, uint64(token), r.Client == nil); err != nil {
 		return err
 	}
@@ -43,12 +45,12 @@ func (r Redis) Set(ctx context.Context, key, value string, token dlock.Token) er
 		// the highest token would be forgotten.
 		return fmt.Errorf("%w: fence: redis: a *goredis.Ring can lose the stored token; use a Client or ClusterClient", backend.ErrInvalidConfig)
 	}
-	res, err := setScript.Run(ctx, r.Client, []string{key, key + TokenSuffix}, value, fencecheck.Padded(uint64(token))).Text()
+	res, err := fenceSetScript.Run(ctx, r.Client, []string{key, key + FenceTokenSuffix}, value, fencecheck.Padded(uint64(token))).Text()
 	if err != nil {
 		return fmt.Errorf("%w: fence: redis: %w", backend.ErrUnavailable, err)
 	}
 	if res != "OK" {
-		return &StaleError{Resource: key, Token: token, Highest: dlock.Token(fencecheck.Unpad(res))}
+		return &fence.StaleError{Resource: key, Token: token, Highest: dlock.Token(fencecheck.Unpad(res))}
 	}
 	return nil
 }
