@@ -9,8 +9,8 @@
 # 2. Builds a file-based GOPROXY (https://go.dev/ref/mod#goproxy-protocol:
 #    @v/list, .info, .mod, .zip) holding every tagged module from the
 #    tagged tree (tests/modproxy: golang.org/x/mod/zip.CreateFromDir).
-# 3. In scratch consumer modules outside the repository (root+redis,
-#    root+etcd, root+zookeeper, root+redlock, root+fence, root+otel, and
+# 3. In scratch consumer modules outside the repository (root alone,
+#    root+redis, root+etcd, root+zookeeper, root+redlock, root+fence, root+otel, and
 #    go-redis alone / the etcd client alone as baselines), with
 #    GOWORK=off, a fresh GOMODCACHE, GOPROXY=that proxy, then this
 #    machine's module cache, then `go env GOPROXY` without "direct" (so no
@@ -216,6 +216,7 @@ cmdtidy cmd/dlock || status=1
 goinstall "$root_mod/cmd/dlock" || status=1
 consumer go-redis-alone github.com/redis/go-redis/v9 || status=1
 consumer etcd-client-alone go.etcd.io/etcd/client/v3 || status=1
+consumer root "$root_mod" || status=1
 for b in redis etcd zookeeper redlock fence otel; do
 	consumer "root+$b" "$root_mod" "$root_mod/$b" || status=1
 done
