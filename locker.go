@@ -197,6 +197,16 @@ func newLocker(d backend.Driver, opts *Options) (*Locker, error) {
 	if d == nil {
 		return nil, fmt.Errorf("%w: nil driver", ErrInvalidConfig)
 	}
+	// The optional methods Name and DriftFactor of earlier versions are now
+	// Guarantees.Backend and Limits.DriftFactor. A driver that still has
+	// them would lose its drift margin without a word (a later Deadline
+	// than its algorithm allows): refused instead.
+	if _, ok := d.(interface{ DriftFactor() float64 }); ok {
+		return nil, fmt.Errorf("%w: the driver has a DriftFactor method, which dlock no longer reads: return the factor in Limits().DriftFactor", ErrInvalidConfig)
+	}
+	if _, ok := d.(interface{ Name() string }); ok {
+		return nil, fmt.Errorf("%w: the driver has a Name method, which dlock no longer reads: return the name in Guarantees().Backend", ErrInvalidConfig)
+	}
 	l := &Locker{drv: d, limits: d.Limits(), closeDone: make(chan struct{}), epoch: time.Now()}
 	l.name = d.Guarantees().Backend
 	if l.name == "" {

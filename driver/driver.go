@@ -121,6 +121,8 @@ func LeaseOf(le *dlock.Lease) backend.Lease {
 // supports the target's type (each backend documents which, for example a
 // *goredis.UniversalClient for redis, a **zk.Conn for zookeeper). It
 // reports false otherwise, and for a nil l or target (or a nil pointer).
+// The driver itself is not a target: a *backend.Driver gets false; use
+// [DriverOf].
 func LockerAs(l *dlock.Locker, target any) bool {
 	if l == nil || isNil(target) {
 		return false
@@ -135,7 +137,8 @@ func LockerAs(l *dlock.Locker, target any) bool {
 // *target and reports true when the driver's lease has a method As(any)
 // bool that supports the target's type (each backend documents which; etcd
 // supports *etcd.Ownership, also given by etcd.OwnerOf). It reports false
-// otherwise, and for a nil le or target (or a nil pointer).
+// otherwise, and for a nil le or target (or a nil pointer). The driver's
+// lease itself is not a target: a *backend.Lease gets false; use [LeaseOf].
 func LeaseAs(le *dlock.Lease, target any) bool {
 	if le == nil || isNil(target) {
 		return false

@@ -1,8 +1,10 @@
 package driver_test
 
 import (
+	"errors"
 	"testing"
 
+	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/memory"
@@ -40,5 +42,28 @@ func TestZeroMuxAndReach(t *testing.T) {
 	}
 	if err := le.Release(t.Context()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// oldDrifter has the optional methods earlier versions read (Name,
+// DriftFactor), now Guarantees.Backend and Limits.DriftFactor.
+type oldDrifter struct{ backend.Driver }
+
+func (oldDrifter) DriftFactor() float64 { return 0.2 }
+
+type oldNamer struct{ backend.Driver }
+
+func (oldNamer) Name() string { return "old" }
+
+// TestOldOptionalMethodsRefused: a driver written for the earlier
+// interfaces is refused with ErrInvalidConfig, not run with the default
+// drift margin (a Deadline later than its algorithm allows) or an
+// "unknown" name.
+func TestOldOptionalMethodsRefused(t *testing.T) {
+	for _, d := range []backend.Driver{oldDrifter{memory.NewDriver(memory.NewStore())}, oldNamer{memory.NewDriver(memory.NewStore())}} {
+		l, err := driver.New(d, nil)
+		if !errors.Is(err, dlock.ErrInvalidConfig) {
+			t.Errorf("driver.New(%T) = %v, %v; want ErrInvalidConfig", d, l, err)
+		}
 	}
 }
