@@ -9,10 +9,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dlock-go/dlock"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/etcd"
 	"github.com/dlock-go/dlock/internal/examplerun"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // endpoint is the etcd member of the examples: a test server that TestMain

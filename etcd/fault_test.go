@@ -10,8 +10,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dlock-go/dlock"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/etcd"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // slack bounds how late a signal may come: generous, as test machines are

@@ -12,8 +12,8 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/etcd"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // TestRefreshBatchOnFrozenMember: the only member freezes (its process is

@@ -11,9 +11,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dlock-go/dlock"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/etcd"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 func TestMain(m *testing.M) { startExampleServers(); servers.Main(m) }

@@ -18,8 +18,8 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/etcd"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // TestRandomLeaseOps: a seeded mix of Acquire, TryAcquire, Refresh (same

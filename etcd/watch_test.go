@@ -15,8 +15,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dlock-go/dlock"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/etcd"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // watchers reads the number of watchers the member at addr keeps, from its

@@ -11,8 +11,8 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/redis"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // harness runs the conformance suite on a Redis container. Each Locker

@@ -10,10 +10,10 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/internal/examplerun"
 	"github.com/dlock-go/dlock/redis"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // redisAddr is the Redis server of the examples: a test server that

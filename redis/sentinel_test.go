@@ -5,7 +5,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // startSentinel starts a primary, replica and Sentinel of the test's own,

@@ -17,8 +17,8 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/redis"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 func TestMain(m *testing.M) { startExampleServers(); servers.Main(m) }

@@ -11,9 +11,9 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock/backend"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/internal/redisx/redisscript"
 	"github.com/dlock-go/dlock/redlock"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // holdFor makes nodes hold key for another holder (a lock key with a

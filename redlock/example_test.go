@@ -10,10 +10,10 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/internal/examplerun"
 	"github.com/dlock-go/dlock/redlock"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // nodeAddrs are the independent Redis masters of the examples: test

@@ -9,8 +9,8 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/redlock"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // fiveNodes starts five Redis masters of the test's own (no persistence),

@@ -10,8 +10,8 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/driver"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 func TestInspect(t *testing.T) {

@@ -14,8 +14,8 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/redlock"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 func TestMain(m *testing.M) { startExampleServers(); servers.Main(m) }

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock/backend"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/redlock"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // TestDriverRefusesGrantPastValidity: the Driver itself, without the

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
-	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // TestDeadlineCountsFromTheRead: a lease's TTL counts from when the read

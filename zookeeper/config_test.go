@@ -12,8 +12,8 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/driver"
+	"github.com/dlock-go/dlock/tests/servers"
 	"github.com/dlock-go/dlock/zookeeper"
 )
 

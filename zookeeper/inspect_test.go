@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/dlock-go/dlock/conformance"
-	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 func TestInspect(t *testing.T) {

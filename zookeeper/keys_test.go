@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/dlock-go/dlock"
-	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/tests/servers"
 	"github.com/dlock-go/dlock/zookeeper"
 )
 

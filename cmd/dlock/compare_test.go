@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/driver"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // runCompareBin runs the built dlock with args and returns its standard

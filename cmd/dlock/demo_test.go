@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // runDemo runs dlock demo (the dlock binary, dlockBinary) with args and returns its stdout and stderr.

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
-	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // runProc is a `dlock run` started from the built binary.

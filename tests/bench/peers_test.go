@@ -35,10 +35,10 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/etcd"
 	"github.com/dlock-go/dlock/redis"
 	"github.com/dlock-go/dlock/redlock"
+	"github.com/dlock-go/dlock/tests/servers"
 	"github.com/dlock-go/dlock/zookeeper"
 )
 

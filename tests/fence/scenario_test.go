@@ -21,12 +21,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dlock-go/dlock"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/etcd"
 	"github.com/dlock-go/dlock/fence"
 	_ "github.com/dlock-go/dlock/memory"
 	"github.com/dlock-go/dlock/redis"
 	_ "github.com/dlock-go/dlock/redlock"
+	"github.com/dlock-go/dlock/tests/servers"
 	_ "github.com/dlock-go/dlock/zookeeper"
 )
 

@@ -15,10 +15,10 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/check"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/internal/redisx/redisscript"
 	"github.com/dlock-go/dlock/redis"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // Server crashes (issue 11, fault 2): the server that matters most (the

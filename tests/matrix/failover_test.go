@@ -12,8 +12,8 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/check"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/redis"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // A Redis primary with one replica and a Sentinel (issue 11, fault 5). The

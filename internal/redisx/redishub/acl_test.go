@@ -10,8 +10,8 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock/backend"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/internal/redisx/redishub"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // aclUser creates an ACL user with rules on the test server (through the

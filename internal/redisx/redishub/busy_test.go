@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock/backend"
-	"github.com/dlock-go/dlock/conformance/servers"
 	"github.com/dlock-go/dlock/internal/redisx/redishub"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // TestWatchBusySubscribe: a SUBSCRIBE that reaches the server while a

@@ -133,7 +133,7 @@ func serverdBinary() (bin, dir string, err error) {
 		return p, "", nil
 	}
 	_, file, _, ok := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(file), "..", "..", "tests", "serverd")
+	src := filepath.Join(filepath.Dir(file), "..", "serverd")
 	if !ok || !filepath.IsAbs(file) {
 		return "", "", fmt.Errorf("cannot locate the serverd source (built with -trimpath?); set %s to a serverd binary", envServerd)
 	}

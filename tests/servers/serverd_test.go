@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // envCrashChild makes the test binary, run again by TestCrashLeavesNothing,

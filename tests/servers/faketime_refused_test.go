@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // TestFaketimeRefused: ShiftClock on a server not started by

@@ -14,7 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // silence is how long a test waits to see that no byte arrives: long enough

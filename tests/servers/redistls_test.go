@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dlock-go/dlock/conformance/servers"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // StartRedisTLS serves RESP over TLS only, under a certificate the returned
