@@ -1,27 +1,25 @@
-// Package examplerun lets a test package's TestMain start the servers its
-// examples need only when the run includes them, and give up on them the
-// way conformance/servers gives up on a test's servers.
+// Package examplerun lets a backend's examples (example_test.go, its
+// documentation in go doc) run against real servers although the test
+// servers live in the development module (tests/servers), which the
+// library's packages do not import.
 //
-// A backend's examples (example_test.go) show the code a user writes:
-// redis.New on a client of the server at an address. The address comes from
-// a package-level variable that TestMain sets before the tests and examples
-// run, since an Example function has no testing.T to start servers with:
+// An example shows the code a user writes: redis.New on a client of the
+// server at an address. The address comes from a package-level variable
+// that TestMain sets from an environment variable before the examples run,
+// since an Example function has no testing.T to start servers with:
 //
-//	func TestMain(m *testing.M) { startExampleServers(); servers.Main(m) }
-//
-//	func startExampleServers() {
-//		if !examplerun.Selected(exampleNames...) {
-//			return
+//	func TestMain(m *testing.M) {
+//		if examplerun.Selected(exampleNames...) {
+//			if addr, ok := examplerun.FromEnv("DLOCK_EXAMPLE_REDIS"); ok {
+//				redisAddr = addr
+//			}
 //		}
-//		srv, err := servers.StartRedis(ctx, 1)
-//		if err != nil {
-//			examplerun.GiveUp("a Redis server", err)
-//			return
-//		}
-//		redisAddr = srv[0].Addr()
+//		os.Exit(m.Run())
 //	}
 //
-// servers.Main removes the servers at the end, as it does the tests'.
+// The development module's tests/examples starts the servers and runs each
+// backend's examples (go test -run ^Example) with those variables set; a
+// plain go test of the package skips its examples (FromEnv).
 package examplerun
 
 import (
@@ -163,6 +161,11 @@ func GiveUp(what string, err error) {
 		os.Exit(1)
 	}
 	fmt.Fprintf(os.Stderr, "%s\n(skipping the examples; set %s=1 to fail instead)\n", msg, envRequire)
+	skipExamples()
+}
+
+// skipExamples adds every example to go test's -test.skip.
+func skipExamples() {
 	skip := "^Example"
 	if old := flagValue("test.skip"); old != "" {
 		skip = old + "|" + skip
@@ -171,4 +174,19 @@ func GiveUp(what string, err error) {
 		fmt.Fprintln(os.Stderr, "cannot skip the examples:", err)
 		os.Exit(1)
 	}
+}
+
+// FromEnv returns the value of the environment variable name: the address
+// of a server for the examples, set by the development module's
+// tests/examples, which starts the servers and runs the examples with it.
+// If name is unset (a plain go test of the package), it prints why and
+// skips every example (-test.skip), without failing even with
+// DLOCK_REQUIRE_SERVERS=1: the examples run in tests/examples.
+func FromEnv(name string) (string, bool) {
+	if v, ok := os.LookupEnv(name); ok && v != "" {
+		return v, true
+	}
+	fmt.Fprintf(os.Stderr, "%s is not set: skipping the examples (tests/examples runs them against servers)\n", name)
+	skipExamples()
+	return "", false
 }
