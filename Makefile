@@ -49,8 +49,9 @@ soak:
 # (gosum, which also proves the modules resolve from a module proxy once
 # released: scripts/proxycheck.sh). Guards: no module but the development
 # module (tests: fault matrix, benchmarks, test servers) requires
-# testcontainers-go (in its go.mod or go.sum), and the library's non-test
-# code does not depend on the test server package (conformance/servers).
+# testcontainers-go (in its go.mod or go.sum), and no package outside
+# tests/, nor its tests, depends on the test servers (tests/servers) or
+# testcontainers-go: the tests that need servers live in tests/.
 lint: gosum
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
@@ -64,10 +65,10 @@ lint: gosum
 	@bad=$$(find . -name go.mod -not -path './.git/*' -not -path './tests/*' | \
 		while read -r f; do d=$$(dirname "$$f"); grep -l testcontainers-go "$$f" "$$d/go.sum" 2>/dev/null; done); \
 	if [ -n "$$bad" ]; then echo "a module other than tests (the development module) requires testcontainers-go:"; echo "$$bad"; exit 1; fi
-	@bad=$$($(GO) list -f '{{.ImportPath}}: {{join .Deps " "}}' $(PKGS) | \
-		grep -v '^github.com/dlock-go/dlock/\(conformance/servers\|tests/serverd\):' | \
-		grep -E ' (github.com/dlock-go/dlock/conformance/servers|github.com/testcontainers/testcontainers-go)( |$$)' | cut -d: -f1); \
-	if [ -n "$$bad" ]; then echo "non-test code depends on conformance/servers or testcontainers-go:"; echo "$$bad"; exit 1; fi
+	@bad=$$($(GO) list -test -f '{{.ImportPath}}: {{join .Deps " "}}' $(PKGS) | \
+		grep -v '^github.com/dlock-go/dlock/tests/' | \
+		grep -E ' (github.com/dlock-go/dlock/tests/servers|github.com/testcontainers/testcontainers-go)( |$$)' | cut -d: -f1); \
+	if [ -n "$$bad" ]; then echo "code or tests outside tests/ depend on tests/servers or testcontainers-go:"; echo "$$bad"; exit 1; fi
 
 # What a user's go.sum gets from dlock: scratch consumer modules (root plus
 # one backend, and the clients alone) outside the repository, getting

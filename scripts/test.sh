@@ -26,23 +26,18 @@
 #   4. when a stand-in is in use, selects host networking and disables Ryuk
 #      (DLOCK_TEST_NETWORK=host, TESTCONTAINERS_RYUK_DISABLED=true) unless the
 #      caller already chose;
-#   5. exports DLOCK_REQUIRE_SERVERS=1 so no server test skips silently;
-#   6. builds serverd (tests/serverd, which runs the
-#      containers for conformance/servers) once, into the cache directory,
-#      and exports DLOCK_SERVERD naming it (unless DLOCK_SERVERD names
-#      another binary).
+#   5. exports DLOCK_REQUIRE_SERVERS=1 so no server test skips silently.
 #
 # Usage:
 #   scripts/test.sh                      # go test -race -count=1 over every module of go.work
 #   scripts/test.sh -run X ./redis/      # extra go test args pass through
-#   scripts/test.sh --setup-only         # steps 1-6 only; prints the env to export
+#   scripts/test.sh --setup-only         # steps 1-5 only; prints the env to export
 #
 # Knobs (environment): DLOCK_REDIS_IMAGE, DLOCK_ETCD_IMAGE,
 # DLOCK_ZOOKEEPER_IMAGE, DLOCK_POSTGRES_IMAGE, DLOCK_TEST_NETWORK,
 # DLOCK_REQUIRE_SERVERS,
 # TESTCONTAINERS_RYUK_DISABLED,
-# DLOCK_SERVERD (a serverd binary to use instead of building one),
-# DLOCK_CACHE_DIR (cache of stand-in root filesystems, etcd and serverd binaries;
+# DLOCK_CACHE_DIR (cache of stand-in root filesystems and etcd binaries;
 # default /var/cache/dlock as root, else ~/.cache/dlock),
 # DLOCK_DEBIAN_MIRROR (default: read from the apt sources),
 # DLOCK_DEBIAN_SUITE (default: trixie for Redis, else this host's codename,
@@ -373,31 +368,10 @@ ensure_image "${DLOCK_ETCD_IMAGE:-quay.io/coreos/etcd:v3.7.3}" build_etcd_standi
 # official image.
 ensure_image "${DLOCK_ZOOKEEPER_IMAGE:-zookeeper:3.8}" build_debian_standin zookeeper /usr/share/zookeeper/bin zookeeper_fixup
 # Debian's postgresql package (15 in bookworm) keeps initdb and postgres in
-# /usr/lib/postgresql/15/bin and creates the postgres user; conformance/servers
+# /usr/lib/postgresql/15/bin and creates the postgres user; tests/servers
 # runs initdb and postgres itself (as that user, with setpriv), as it does in
 # the official image.
 ensure_image "${DLOCK_POSTGRES_IMAGE:-postgres:15}" build_debian_standin postgresql /usr/lib/postgresql/15/bin
-
-# ---------------------------------------------------------------------------
-# serverd
-
-# Tests reach Docker through serverd (tests/serverd, in the development
-# module: testcontainers-go stays out of the library's go.mod files),
-# one child process per test process. Built once here, into the cache, so
-# that test processes need not each build it.
-# A DLOCK_SERVERD that names this script's own binary (exported from a
-# --setup-only run) is built again too: go build is quick when nothing
-# changed, and the binary must not lag behind serverd's source.
-step "Building serverd"
-mkdir -p "$cache_dir"
-serverd_bin="$cache_dir/serverd-$(pwd | sha256sum | cut -c1-12)"
-if [ -z "${DLOCK_SERVERD:-}" ] || [ "$DLOCK_SERVERD" = "$serverd_bin" ]; then
-	(cd tests && go build -o "$serverd_bin.tmp.$$" ./serverd) ||
-		die "building tests/serverd failed"
-	mv -f "$serverd_bin.tmp.$$" "$serverd_bin"
-	export DLOCK_SERVERD=$serverd_bin
-fi
-note "DLOCK_SERVERD=$DLOCK_SERVERD"
 
 # ---------------------------------------------------------------------------
 # Test environment
@@ -429,7 +403,7 @@ done
 if $setup_only; then
 	unset DLOCK_TEST_RUN
 	step "Setup done; to run tests by hand, export:"
-	for v in DLOCK_TEST_NETWORK TESTCONTAINERS_RYUK_DISABLED DLOCK_REQUIRE_SERVERS DLOCK_SERVERD; do
+	for v in DLOCK_TEST_NETWORK TESTCONTAINERS_RYUK_DISABLED DLOCK_REQUIRE_SERVERS; do
 		[ -n "${!v:-}" ] && echo "export $v=${!v}"
 	done
 	exit 0

@@ -1,11 +1,14 @@
-// Package servers starts real servers in containers for dlock's tests, using
-// testcontainers-go (through serverd, see below), and gives tests fault
-// controls over them (stop, start, kill, pause; a Redis server's wall clock
-// jump), and a TCP proxy that cuts or slows a client's link to them.
+// Package servers starts real servers in containers for dlock's tests, with
+// testcontainers-go, and gives tests fault controls over them (stop, start,
+// kill, pause; a Redis server's wall clock jump), and a TCP proxy that cuts
+// or slows a client's link to them.
 //
-// Only test files import this package; the library itself never does. It
-// uses only the standard library, so importing it adds nothing to a
-// module's go.mod.
+// It lives in the development module (tests), which users never import:
+// testcontainers-go and its many dependencies stay out of the library's
+// go.mod and go.sum, and out of their users'. So every test that needs a
+// server lives in this module too (tests/redis, tests/etcd, tests/matrix,
+// ...); a backend reaches its internals there through internal/testhook,
+// and its examples get their servers from tests/examples.
 //
 // A test package shares one set of servers: call [Redis], [Etcd],
 // [ZooKeeper] or [Postgres] from any test to get the package's servers
@@ -101,12 +104,11 @@
 //	DLOCK_TEST_RUN          optional label value (dlock.test.run) put on
 //	                        every container and network, so a wrapper
 //	                        script can remove leftovers of a crashed run.
-//	DLOCK_SERVERD           the serverd binary to run (see below); unset,
-//	                        it is built from source.
 //
 // testcontainers-go's own variables apply too, notably DOCKER_HOST and
 // TESTCONTAINERS_RYUK_DISABLED (set it to "true" where the Ryuk reaper image
-// cannot be pulled; serverd removes containers itself either way).
+// cannot be pulled; this package removes its containers itself either way,
+// see below).
 //
 // Every server runs with an explicit command line (e.g. redis-server --port N
 // ...; a ZooKeeper server's is a short sh -c script that writes its zoo.cfg
@@ -116,42 +118,22 @@
 // none at all (stand-in images made with docker import, as scripts/test.sh
 // builds them on machines that cannot pull: Redis (with libfaketime),
 // ZooKeeper and PostgreSQL from Debian packages with debootstrap, etcd from
-// the Go module in the etcdserver directory).
+// the development module's tests/etcdserver).
 // Readiness is detected from the server's log, which works in both network
 // modes.
 //
 // Server addresses are always loopback (127.0.0.1:port).
 //
-// # How the servers reach Docker
+// # Clean-up
 //
-// This package does not talk to Docker itself. All the container code
-// (testcontainers-go, the Docker client, the kinds of server, their command
-// lines and readiness checks) is in the command serverd (tests/serverd, in
-// the development module, tests), so that testcontainers-go's many
-// dependencies stay out of every library module's go.mod and go.sum, and
-// out of their users'. The first call that needs a server starts one
-// serverd child process per test process; each operation (start servers,
-// Stop, Kill, ShiftClock, Terminate, ...) is one JSON request on the
-// child's standard input, answered on its standard output, matched by a
-// request id, so that parallel tests' requests run concurrently. A
-// request's context deadline goes with it, and a request whose context
-// ends is cancelled in serverd (servers it had started by then are
-// terminated, not left running until the process ends). If serverd dies,
-// every call fails at once with an error that gives its exit status.
-// Errors keep what tests look at: their message, matching [ErrNoFaketime]
-// or [ErrNeedsHostNetwork], and whether something (Docker, an image) is
-// missing, on which tests skip unless DLOCK_REQUIRE_SERVERS=1.
-//
-// [Main] asks serverd to remove everything and waits for it to exit. A test
-// process that dies without Main (a crash, a timeout panic, SIGKILL) closes
-// serverd's standard input by dying, and serverd then removes every
-// container and network it started and exits: nothing is left running.
-//
-// The serverd binary is $DLOCK_SERVERD if set (scripts/test.sh builds it
-// once per run, into its cache directory, and exports it); otherwise this
-// package builds it with `go build` from tests/serverd in the checkout it
-// was compiled from (found with runtime.Caller), once per test process, and
-// deletes the binary once started. That needs the go command and the
-// source, as in this repository; a test binary built with -trimpath needs
-// DLOCK_SERVERD.
+// [Main] terminates every server and removes every network the test
+// process started. A test process that dies without Main (a crash, a
+// timeout panic, SIGKILL) leaves nothing running either: before its first
+// container, the process starts a reaper, a shell child reading a pipe
+// from it; when the process ends the pipe closes, and the reaper removes
+// every container and network labelled with the process's id (label
+// dlock.test.pid), with the docker command. Errors keep what tests look
+// at: matching [ErrNoFaketime] or [ErrNeedsHostNetwork], and whether
+// something (Docker, an image) is missing, on which tests skip unless
+// DLOCK_REQUIRE_SERVERS=1.
 package servers

@@ -51,8 +51,8 @@ func redisUp(addr string) bool {
 }
 
 // TestCrashLeavesNothing: a test process that dies (SIGKILL: no TestMain,
-// no cleanup of its own) leaves no server running: its serverd sees its
-// input end and terminates the containers it started.
+// no cleanup of its own) leaves no server running: its reaper sees its
+// input end and removes the containers the process started.
 func TestCrashLeavesNothing(t *testing.T) {
 	servers.Redis(t, 1) // skips (or fails) as any server test when there are no servers
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -76,9 +76,10 @@ func TestCrashLeavesNothing(t *testing.T) {
 	}
 }
 
-// TestConcurrentRequests: requests to serverd proceed concurrently: while
-// one server is paused and started again, another one starts and stops.
-func TestConcurrentRequests(t *testing.T) {
+// TestConcurrentControls: fault controls of different servers proceed
+// concurrently: while one server is paused and started again, another one
+// stops and starts.
+func TestConcurrentControls(t *testing.T) {
 	servers.Redis(t, 1) // skips (or fails) as any server test when there are no servers
 	ctx := t.Context()
 	ss, err := servers.StartRedis(ctx, 2)
@@ -115,10 +116,9 @@ func TestConcurrentRequests(t *testing.T) {
 	}
 }
 
-// TestRemoteErrors: errors that tests tell apart survive the way through
-// serverd: a cancelled request ends with its context's error, and
-// ErrNoFaketime / ErrNeedsHostNetwork still match.
-func TestRemoteErrors(t *testing.T) {
+// TestErrors: errors that tests tell apart: a start whose context has
+// ended fails with its context's error, and ErrNeedsHostNetwork matches.
+func TestErrors(t *testing.T) {
 	servers.Redis(t, 1)
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
