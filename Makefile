@@ -12,7 +12,7 @@ PKGS = $(shell $(GO) list -m -f '{{.Dir}}/...' | sed 's|^$(CURDIR)|.|')
 
 # Run every test against real servers; scripts/test.sh provides Docker and the
 # server images (stand-ins built from Debian packages where none can be pulled).
-# Extra go test arguments: make test ARGS='-run TestX ./redis/'
+# Extra go test arguments: make test ARGS='-run TestX ./tests/redis/'
 test:
 	scripts/test.sh $(ARGS)
 
@@ -85,7 +85,7 @@ proxycheck:
 	scripts/proxycheck.sh
 
 # Benchmarks against real servers (same setup as test), without -race.
-# Extra arguments: make bench ARGS='-bench Cycle -count 10 ./redis/'
+# Extra arguments: make bench ARGS='-bench Cycle -count 10 ./tests/redis/'
 bench:
 	env=$$(scripts/test.sh --setup-only) && eval "$$env" && \
 		$(GO) test -run '^$$' -bench . -benchmem $(or $(ARGS),$(PKGS))

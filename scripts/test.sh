@@ -30,7 +30,7 @@
 #
 # Usage:
 #   scripts/test.sh                      # go test -race -count=1 over every module of go.work
-#   scripts/test.sh -run X ./redis/      # extra go test args pass through
+#   scripts/test.sh -run X ./tests/redis/ # extra go test args pass through
 #   scripts/test.sh --setup-only         # steps 1-5 only; prints the env to export
 #
 # Knobs (environment): DLOCK_REDIS_IMAGE, DLOCK_ETCD_IMAGE,
