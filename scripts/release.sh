@@ -7,7 +7,7 @@
 #             module paths), e.g. v0.1.0 or v0.2.0-rc.1
 #   REPO_DIR  the checkout to release (default: this script's)
 #
-# The repository is several modules (README, "Modules") that require each
+# The repository is several modules (docs/development.md, "Modules") that require each
 # other. Users get them from the Go module proxy, which ignores the replace
 # directives of a dependency's go.mod: etcd/go.mod must require the root at
 # a version the proxy serves. So this script

@@ -11,8 +11,8 @@
 // Guarantees: "safe" (no violation), "violation" (the unsafety the
 // guarantees admit, demonstrated) or "unavailable" (the lock refused
 // service cleanly and no property broke). TestMatrix fails when an
-// observed outcome differs, and when the table in the README's "Redis,
-// Redlock, etcd or ZooKeeper?" section differs from the observed matrix.
+// observed outcome differs, and when the table in the README's "Backends
+// and what they survive" section differs from the observed matrix.
 // `make matrix` runs it and rewrites that table.
 //
 // Some expectations cannot come out unsafe on today's backends, by
