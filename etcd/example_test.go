@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"os"
+	"strings"
+	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -12,30 +15,31 @@ import (
 	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/etcd"
 	"github.com/dlock-go/dlock/internal/examplerun"
-	"github.com/dlock-go/dlock/tests/servers"
 )
 
-// endpoint is the etcd member of the examples: a test server that TestMain
-// starts (startExampleServers) when the run includes them.
+// endpoint is the etcd member of the examples: the first of the
+// endpoints in DLOCK_EXAMPLE_ETCD, which tests/examples sets when it runs
+// them against a server (startExampleServers).
 var endpoint = "localhost:2379"
 
 // exampleNames are the examples of this file, which need the server.
 var exampleNames = []string{"ExampleNew", "ExampleURLOpener", "Example_open", "ExampleOwnerOf"}
 
-// startExampleServers starts the examples' single-member cluster and sets
-// endpoint, if the run includes the examples. Main removes it at the end.
+// The tests against real servers are in tests/etcd (the development
+// module); the examples here get their server's endpoint from the
+// environment (startExampleServers).
+func TestMain(m *testing.M) { startExampleServers(); os.Exit(m.Run()) }
+
+// startExampleServers sets endpoint from DLOCK_EXAMPLE_ETCD (comma-separated
+// endpoints, host:port), if the run includes the examples; if it is unset,
+// the examples are skipped (examplerun.FromEnv).
 func startExampleServers() {
 	if !examplerun.Selected(exampleNames...) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cluster, err := servers.StartEtcd(ctx, 1)
-	if err != nil {
-		examplerun.GiveUp("an etcd server", err)
-		return
+	if eps, ok := examplerun.FromEnv("DLOCK_EXAMPLE_ETCD"); ok {
+		endpoint, _, _ = strings.Cut(eps, ",")
 	}
-	endpoint = cluster.Endpoints()[0]
 }
 
 // A Locker on a client of your own. The token is the create revision of

@@ -16,7 +16,7 @@ import (
 	"github.com/dlock-go/dlock/tests/servers"
 )
 
-func TestMain(m *testing.M) { startExampleServers(); servers.Main(m) }
+func TestMain(m *testing.M) { servers.Main(m) }
 
 // newClient returns a client of the cluster, closed when tb ends.
 func newClient(tb testing.TB, endpoints []string) *clientv3.Client {
@@ -51,7 +51,7 @@ func openLocker(ctx context.Context, endpoints []string, opts *dlock.Options) (*
 		_ = c.Close()
 		return nil, err
 	}
-	etcd.OwnClient(d)
+	ownClient(d)
 	l, err := driver.New(d, opts)
 	if err != nil {
 		_ = d.Close()

@@ -135,7 +135,7 @@ func TestRevokingLeaseNotRecycled(t *testing.T) {
 	var refused atomic.Int32
 	failDelete.Store(true)
 	failRevoke.Store(true)
-	etcd.InjectFault(d, func(doing string, id clientv3.LeaseID) error {
+	injectFault(d, func(doing string, id clientv3.LeaseID) error {
 		switch {
 		case doing == "deleting the lock key" && failDelete.CompareAndSwap(true, false):
 			return errors.New("test: the delete is not answered")
@@ -200,13 +200,13 @@ func TestRefreshBatchAfterUnsettledMove(t *testing.T) {
 	var loseMove, failRead atomic.Bool
 	loseMove.Store(true)
 	failRead.Store(true)
-	etcd.AfterMove(d, func(err error) error {
+	afterMove(d, func(err error) error {
 		if err == nil && loseMove.CompareAndSwap(true, false) {
 			return errors.New("test: the answer to the move was lost")
 		}
 		return err
 	})
-	etcd.InjectFault(d, func(doing string, _ clientv3.LeaseID) error {
+	injectFault(d, func(doing string, _ clientv3.LeaseID) error {
 		if doing == "settling a move of the lock key" && failRead.CompareAndSwap(true, false) {
 			return errors.New("test: the read is not answered")
 		}
@@ -315,7 +315,7 @@ func TestLeaseClaimsWithinServer(t *testing.T) {
 	claimWithinServer(t, admin, bl, "a move")
 	var lost atomic.Bool
 	lost.Store(true)
-	etcd.AfterMove(d, func(err error) error {
+	afterMove(d, func(err error) error {
 		if err == nil && lost.CompareAndSwap(true, false) {
 			return errors.New("test: the answer to the move was lost")
 		}

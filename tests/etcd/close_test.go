@@ -35,7 +35,7 @@ func TestCloseDuringBackgroundRevoke(t *testing.T) {
 	var answers atomic.Bool
 	var attempts atomic.Int32
 	failed := make(chan struct{}, 16)
-	etcd.InjectFault(d, func(doing string, id clientv3.LeaseID) error {
+	injectFault(d, func(doing string, id clientv3.LeaseID) error {
 		switch {
 		case doing == "deleting the lock key" && !answers.Load():
 			return errors.New("test: the delete is not answered")

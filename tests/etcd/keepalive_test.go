@@ -156,7 +156,7 @@ func TestPooledLeaseSameKeyBehindWaiter(t *testing.T) {
 		if err := first.Release(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		if n := etcd.PoolSize(d); n != 1 {
+		if n := poolSize(d); n != 1 {
 			t.Fatalf("round %d: %d leases in the pool after the Release, want 1", round, n)
 		}
 		resA := acquireAsync(t.Context(), la, key, ttl)
@@ -254,7 +254,7 @@ func TestMoveThenPooled(t *testing.T) {
 	if err := le.Release(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if n := etcd.PoolSize(d); n != 1 {
+	if n := poolSize(d); n != 1 {
 		t.Fatalf("%d leases in the pool, want 1", n)
 	}
 	again, err := l.Acquire(t.Context(), key, &dlock.AcquireOptions{TTL: 12 * time.Second})

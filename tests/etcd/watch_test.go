@@ -284,7 +284,7 @@ func TestWaiterWakesFromPrefixWatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		var once bool
-		etcd.AfterQueueRead(d, func() {
+		afterQueueRead(d, func() {
 			if !once {
 				once = true
 				hook()
@@ -460,7 +460,7 @@ func TestWaiterRidesOutQuorumLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	var once bool
-	etcd.AfterQueueRead(d, func() {
+	afterQueueRead(d, func() {
 		if once {
 			return
 		}

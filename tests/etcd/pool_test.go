@@ -95,7 +95,7 @@ func TestPooledLeaseRevoked(t *testing.T) {
 	if err := le.Release(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if n := etcd.PoolSize(d); n != 1 {
+	if n := poolSize(d); n != 1 {
 		t.Fatalf("%d leases in the pool after a Release, want 1", n)
 	}
 	if _, err := admin.Revoke(t.Context(), first.Lease); err != nil {
@@ -200,7 +200,7 @@ func TestLossAcrossWatchBreak(t *testing.T) {
 	eps := ownCluster(t, 1).Endpoints()
 	admin := newClient(t, eps)
 	d, l := ownDriver(t, eps)
-	created := etcd.WatchCreated(d)
+	created := watchCreated(d)
 	ao := &dlock.AcquireOptions{TTL: time.Minute}
 	la, err := l.Acquire(t.Context(), uniqueKey(t), ao)
 	if err != nil {
@@ -212,14 +212,14 @@ func TestLossAcrossWatchBreak(t *testing.T) {
 	}
 	hold := make(chan struct{})
 	held := make(chan struct{}, 1)
-	etcd.BeforeWatch(d, func() {
+	beforeWatch(d, func() {
 		select {
 		case held <- struct{}{}:
 		default:
 		}
 		<-hold
 	})
-	etcd.BreakWatch(d)
+	breakWatch(d)
 	select {
 	case <-held:
 	case <-time.After(slack):
@@ -229,7 +229,7 @@ func TestLossAcrossWatchBreak(t *testing.T) {
 	if _, err := admin.Revoke(t.Context(), own.Lease); err != nil {
 		t.Fatal(err)
 	}
-	etcd.BeforeWatch(d, nil)
+	beforeWatch(d, nil)
 	close(hold)
 	select {
 	case <-la.Done():

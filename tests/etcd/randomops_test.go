@@ -48,7 +48,7 @@ func TestRandomLeaseOps(t *testing.T) {
 		"settling a move of the lock key":    2,
 		"leaving the queue":                  4,
 	}
-	etcd.InjectFault(d, func(doing string, _ clientv3.LeaseID) error {
+	injectFault(d, func(doing string, _ clientv3.LeaseID) error {
 		n, ok := every[doing]
 		if !ok {
 			return nil
@@ -156,9 +156,9 @@ func TestRandomLeaseOps(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	etcd.InjectFault(d, nil)
+	injectFault(d, nil)
 	counts.Range(func(k, v any) bool { t.Logf("%s: %d requests", k, v.(*atomic.Int64).Load()); return true })
-	t.Logf("pool size at the end: %d", etcd.PoolSize(d))
+	t.Logf("pool size at the end: %d", poolSize(d))
 }
 
 func newRand(seed int64) *rand.Rand { return rand.New(rand.NewSource(seed)) }

@@ -43,7 +43,7 @@ func TestOpenURLWithOwnClient(t *testing.T) {
 	if resp, err := c.Get(t.Context(), path+"/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 1 {
 		t.Errorf("keys under the URL's prefix %s/: %v, %v; want 1", path, resp, err)
 	}
-	if d := driver.DriverOf(l); etcd.LoggerOf(d.(*etcd.Driver)) != log {
+	if d := driver.DriverOf(l); loggerOf(d.(*etcd.Driver)) != log {
 		t.Errorf("the backend does not log to the Options' Logger")
 	}
 	if err := le.Release(t.Context()); err != nil {

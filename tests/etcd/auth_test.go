@@ -63,7 +63,7 @@ func lockerDriver(ctx context.Context, t *testing.T, eps []string, prefix string
 		_ = c.Close()
 		return nil, err
 	}
-	etcd.OwnClient(d)
+	ownClient(d)
 	t.Cleanup(func() { _ = d.Close() })
 	return d, nil
 }
@@ -131,13 +131,13 @@ func TestAuthPermissions(t *testing.T) {
 		if err != nil {
 			t.Fatalf("prefix app/ with the right: %v", err)
 		}
-		created := etcd.WatchCreated(d)
+		created := watchCreated(d)
 		var attempts atomic.Int32
-		etcd.BeforeWatch(d, func() { attempts.Add(1) })
+		beforeWatch(d, func() { attempts.Add(1) })
 		if _, err := root.RoleRevokePermission(t.Context(), "locker", "app/", clientv3.GetPrefixRangeEnd("app/")); err != nil {
 			t.Fatal(err)
 		}
-		etcd.BreakWatch(d)
+		breakWatch(d)
 		const window = 4 * time.Second
 		time.Sleep(window)
 		warned := len(rec.Above(slog.LevelInfo))

@@ -4,8 +4,8 @@ package etcd_test
 // Refresh to another TTL moves our key onto a new lease in a transaction
 // whose answer may be lost while the transaction is still in the Raft log,
 // to commit later. The tests hold the real move transaction back
-// (etcd.HoldMove) and commit it at chosen points, and fail or answer other
-// requests on purpose (etcd.InjectFault).
+// (holdMove) and commit it at chosen points, and fail or answer other
+// requests on purpose (injectFault).
 
 import (
 	"context"
@@ -34,7 +34,7 @@ type heldMove struct {
 
 func holdFirstMove(d *etcd.Driver) *heldMove {
 	h := &heldMove{}
-	etcd.HoldMove(d, func(to clientv3.LeaseID, commit func(context.Context) (bool, error)) error {
+	holdMove(d, func(to clientv3.LeaseID, commit func(context.Context) (bool, error)) error {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		if h.commit != nil {
@@ -162,7 +162,7 @@ func TestLateMoveAfterSettle(t *testing.T) {
 	var revokeFails atomic.Bool
 	var revokesOfNew atomic.Int32
 	revokeFails.Store(true)
-	etcd.InjectFault(d, func(doing string, id clientv3.LeaseID) error {
+	injectFault(d, func(doing string, id clientv3.LeaseID) error {
 		if doing == "revoking a lease" && id != own.Lease {
 			revokesOfNew.Add(1)
 			if revokeFails.Load() {
@@ -228,7 +228,7 @@ func TestLateMoveBeforeRevoke(t *testing.T) {
 	var once atomic.Bool
 	var committed atomic.Bool
 	once.Store(true)
-	etcd.InjectFault(d, func(doing string, id clientv3.LeaseID) error {
+	injectFault(d, func(doing string, id clientv3.LeaseID) error {
 		if doing == "revoking a lease" && id != own.Lease && once.CompareAndSwap(true, false) {
 			committed.Store(h.lateCommit(t)) // just before this revoke
 		}
@@ -273,7 +273,7 @@ func TestLateMoveBeforeFence(t *testing.T) {
 	h := holdFirstMove(d)
 	var once, committed atomic.Bool
 	once.Store(true)
-	etcd.InjectFault(d, func(doing string, _ clientv3.LeaseID) error {
+	injectFault(d, func(doing string, _ clientv3.LeaseID) error {
 		if doing == "settling a move of the lock key" && once.CompareAndSwap(true, false) {
 			committed.Store(h.lateCommit(t))
 		}
@@ -325,7 +325,7 @@ func TestUnsettledMoveRevokesNothing(t *testing.T) {
 	var settleFails atomic.Bool
 	var revokes atomic.Int32
 	settleFails.Store(true)
-	etcd.InjectFault(d, func(doing string, _ clientv3.LeaseID) error {
+	injectFault(d, func(doing string, _ clientv3.LeaseID) error {
 		switch {
 		case doing == "revoking a lease" && settleFails.Load():
 			revokes.Add(1)

@@ -27,7 +27,7 @@ func TestParseURL(t *testing.T) {
 		{"etcds://h1:2379/a/b/", []string{"https://h1:2379"}, "a/b/", ""},
 	} {
 		u, _ := url.Parse(tc.url)
-		cfg, o, err := etcd.ParseURL(u)
+		cfg, o, err := parseURL(u)
 		if err != nil {
 			t.Errorf("%s: %v", tc.url, err)
 			continue
@@ -45,7 +45,7 @@ func TestParseURL(t *testing.T) {
 		}
 	}
 	if u, _ := url.Parse("etcd://h1?request_timeout=3s"); true {
-		if _, o, err := etcd.ParseURL(u); err != nil || o.RequestTimeout != 3*time.Second {
+		if _, o, err := parseURL(u); err != nil || o.RequestTimeout != 3*time.Second {
 			t.Errorf("request_timeout=3s: %+v, %v; want RequestTimeout 3s", o, err)
 		}
 	}
@@ -65,7 +65,7 @@ func TestParseURL(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := etcd.ParseURL(u); !errors.Is(err, dlock.ErrInvalidConfig) {
+		if _, _, err := parseURL(u); !errors.Is(err, dlock.ErrInvalidConfig) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", bad, err)
 		}
 	}
@@ -362,7 +362,7 @@ func TestReleaseAfterUnsettledMove(t *testing.T) {
 				_ = m.Unpause(context.WithoutCancel(t.Context()))
 			}
 		}()
-		etcd.AfterMove(d, func(err error) error {
+		afterMove(d, func(err error) error {
 			if err != nil || paused {
 				return err
 			}

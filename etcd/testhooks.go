@@ -1,0 +1,86 @@
+package etcd
+
+import (
+	"context"
+	"log/slog"
+	"net/url"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dlock-go/dlock/internal/testhook"
+)
+
+// The hooks below exist for the backend's tests against real servers in
+// the development module (tests/etcd), which cannot reach the package's
+// internals; they fetch them with testhook.Get under these names. A hook
+// does nothing unless a test calls it.
+func init() {
+	// OwnClient makes d close its client on Close, as a driver opened from
+	// a URL does; the tests give every Locker its own client, as separate
+	// processes would have.
+	testhook.Set("etcd.OwnClient", func(d *Driver) { d.ownsClient = true })
+
+	// ParseURL is the URL parser (no base Options).
+	testhook.Set("etcd.ParseURL", func(u *url.URL) (*clientv3.Config, *Options, error) { return parseURL(u, Options{}) })
+
+	// AfterQueueRead makes d call f each time a waiter has read its queue
+	// and found a predecessor, before it starts watching it.
+	testhook.Set("etcd.AfterQueueRead", func(d *Driver, f func()) { d.afterQueueRead = f })
+
+	// AfterMove makes d pass the outcome of each move transaction of
+	// Refresh (to a new lease) through f, which may replace it: an error in
+	// place of a success is an answer lost after the move committed.
+	testhook.Set("etcd.AfterMove", func(d *Driver, f func(error) error) { d.afterMove = f })
+
+	// BreakWatch cancels d's prefix watch, as a compaction or a lost leader
+	// would; d makes it again.
+	testhook.Set("etcd.BreakWatch", func(d *Driver) { d.hub.breakWatch() })
+
+	// WatchCreated returns a channel that receives each time d's prefix
+	// watch has been created and the held keys read again.
+	testhook.Set("etcd.WatchCreated", func(d *Driver) <-chan struct{} {
+		d.hub.mu.Lock()
+		defer d.hub.mu.Unlock()
+		if d.hub.created == nil {
+			d.hub.created = make(chan struct{}, 16)
+		}
+		return d.hub.created
+	})
+
+	// PoolSize is the number of idle leases in d's pool.
+	testhook.Set("etcd.PoolSize", func(d *Driver) int { return d.pool.size() })
+
+	// BeforeWatch makes d's prefix watch call f before each time it is
+	// made.
+	testhook.Set("etcd.BeforeWatch", func(d *Driver, f func()) {
+		d.hub.mu.Lock()
+		defer d.hub.mu.Unlock()
+		d.hub.before = f
+	})
+
+	// LoggerOf returns the Logger d logs to.
+	testhook.Set("etcd.LoggerOf", func(d *Driver) *slog.Logger { return d.log })
+
+	// InjectFault makes d ask f before each request it sends: doing names
+	// the request as its errors do ("deleting the lock key", "reading the
+	// lock key after a move", ...; "revoking a lease" for each revoke, with
+	// the lease's ID, else id is 0). An error f returns fails the request
+	// unsent, as if the cluster had not answered. Nil removes f.
+	testhook.Set("etcd.InjectFault", func(d *Driver, f func(doing string, id clientv3.LeaseID) error) {
+		if f == nil {
+			d.fault.Store(nil)
+			return
+		}
+		d.fault.Store(&f)
+	})
+
+	// HoldMove makes d call f before it sends each move transaction of
+	// Refresh (to the new lease to). commit sends exactly that transaction,
+	// and reports whether it succeeded. If f returns an error, the move is
+	// not sent and fails with it: a move whose answer was lost while the
+	// transaction was still in the Raft log, which the test may commit
+	// later, at any point.
+	testhook.Set("etcd.HoldMove", func(d *Driver, f func(to clientv3.LeaseID, commit func(context.Context) (bool, error)) error) {
+		d.holdMove = f
+	})
+}

@@ -1,0 +1,2 @@
+// Package etcd holds the etcd backend's tests against real servers (in the development module, with the test servers); it has only tests.
+package etcd

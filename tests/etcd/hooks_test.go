@@ -1,0 +1,28 @@
+package etcd_test
+
+import (
+	"context"
+	"log/slog"
+	"net/url"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dlock-go/dlock/etcd"
+	"github.com/dlock-go/dlock/internal/testhook"
+)
+
+// The etcd backend's internals these tests need, registered in
+// etcd/testhooks.go (see there for what each does).
+var (
+	ownClient      = testhook.Get[func(*etcd.Driver)]("etcd.OwnClient")
+	parseURL       = testhook.Get[func(*url.URL) (*clientv3.Config, *etcd.Options, error)]("etcd.ParseURL")
+	afterQueueRead = testhook.Get[func(*etcd.Driver, func())]("etcd.AfterQueueRead")
+	afterMove      = testhook.Get[func(*etcd.Driver, func(error) error)]("etcd.AfterMove")
+	breakWatch     = testhook.Get[func(*etcd.Driver)]("etcd.BreakWatch")
+	watchCreated   = testhook.Get[func(*etcd.Driver) <-chan struct{}]("etcd.WatchCreated")
+	poolSize       = testhook.Get[func(*etcd.Driver) int]("etcd.PoolSize")
+	beforeWatch    = testhook.Get[func(*etcd.Driver, func())]("etcd.BeforeWatch")
+	loggerOf       = testhook.Get[func(*etcd.Driver) *slog.Logger]("etcd.LoggerOf")
+	injectFault    = testhook.Get[func(*etcd.Driver, func(doing string, id clientv3.LeaseID) error)]("etcd.InjectFault")
+	holdMove       = testhook.Get[func(*etcd.Driver, func(to clientv3.LeaseID, commit func(context.Context) (bool, error)) error)]("etcd.HoldMove")
+)
