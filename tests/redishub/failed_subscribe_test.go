@@ -1,10 +1,8 @@
-package redishub
+package redishub_test
 
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"net"
 	"sync"
@@ -13,14 +11,9 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/dlock-go/dlock/internal/redisx/redishub"
 	"github.com/dlock-go/dlock/tests/servers"
 )
-
-func uniqueName(t *testing.T) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return "redishub." + t.Name() + "." + hex.EncodeToString(b[:])
-}
 
 // hook makes a hookConn fail (after blocking until release) the first
 // write that contains needle, once armed.
@@ -73,17 +66,17 @@ func TestLostWakeAfterFailedSubscribe(t *testing.T) {
 		return hookConn{cn, hk}, nil
 	}})
 	defer c.Close()
-	h := New(c, uniqueName(t)+":barrier:", "test")
+	h := redishub.New(c, unique(t)+":barrier:", "test")
 	defer h.Close()
 	// Make the PubSub connection exist first.
-	other := uniqueName(t) + ".other"
+	other := unique(t) + ".other"
 	_, stopO, err := h.Watch(t.Context(), other)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stopO()
 
-	x := uniqueName(t)
+	x := unique(t)
 	hk.mu.Lock()
 	hk.needle = []byte(x)
 	hk.entered = make(chan struct{})
@@ -110,13 +103,7 @@ func TestLostWakeAfterFailedSubscribe(t *testing.T) {
 	}()
 	// Wait until B is registered as a watcher of x.
 	for {
-		h.mu.Lock()
-		n := 0
-		if wc := h.chans[x]; wc != nil {
-			n = len(wc.watchers)
-		}
-		h.mu.Unlock()
-		if n == 2 {
+		if watchers(h, x) == 2 {
 			break
 		}
 		time.Sleep(time.Millisecond)
