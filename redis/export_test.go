@@ -1,7 +1,6 @@
 package redis
 
 import (
-	"log/slog"
 	"net/url"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -15,8 +14,5 @@ func ParseURL(u *url.URL) (*goredis.Options, *Options, error) { return parseURL(
 func NewDriverNoIO(client goredis.UniversalClient, opts *Options) (*Driver, error) {
 	return newDriver(client, opts)
 }
-
-// LoggerOf returns the Logger d logs to.
-func LoggerOf(d *Driver) *slog.Logger { return d.log }
 
 var AtDeadline = atDeadline

@@ -21,7 +21,7 @@ import (
 	"github.com/dlock-go/dlock/tests/servers"
 )
 
-func TestMain(m *testing.M) { startExampleServers(); servers.Main(m) }
+func TestMain(m *testing.M) { servers.Main(m) }
 
 // serverAddr returns the address of the package's Redis server, a container
 // started on first use (see conformance/servers). It has no replicas; the

@@ -45,7 +45,7 @@ func TestOpenURLWithOwnClient(t *testing.T) {
 	if n, err := c.Exists(t.Context(), prefix+"{"+key+"}").Result(); err != nil || n != 1 {
 		t.Errorf("the lock under the Options' prefix: exists %d, %v; want 1", n, err)
 	}
-	if d := driver.DriverOf(l); redis.LoggerOf(d.(*redis.Driver)) != log {
+	if d := driver.DriverOf(l); loggerOf(d.(*redis.Driver)) != log {
 		t.Errorf("the backend does not log to the Options' Logger")
 	}
 	if err := le.Release(t.Context()); err != nil {

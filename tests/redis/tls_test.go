@@ -138,7 +138,7 @@ func TestRedissBadTLSParams(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := redis.ParseURL(pu); !errors.Is(err, dlock.ErrInvalidConfig) {
+		if _, _, err := parseURL(pu); !errors.Is(err, dlock.ErrInvalidConfig) {
 			t.Errorf("ParseURL(%s) = %v; want ErrInvalidConfig", u, err)
 		}
 	}
@@ -158,19 +158,19 @@ func TestPlaintextPasswordWarning(t *testing.T) {
 		{goredis.Options{Addr: "10.1.2.3:6379"}, false},
 	} {
 		rec := &logRecorder{}
-		redis.WarnTransport(slog.New(rec), &c.co)
+		warnTransport(slog.New(rec), &c.co)
 		if got := len(rec.warnings("sent in clear text")); got != map[bool]int{true: 1, false: 0}[c.warn] {
 			t.Errorf("%s (password %t): %d clear-text warnings; want warned %t", c.co.Addr, c.co.Password != "", got, c.warn)
 		}
 	}
 	// Through parseURL: a redis:// URL with a password.
 	u, _ := url.Parse("redis://:secret@10.1.2.3:6379/0")
-	co, _, err := redis.ParseURL(u)
+	co, _, err := parseURL(u)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := &logRecorder{}
-	redis.WarnTransport(slog.New(rec), co)
+	warnTransport(slog.New(rec), co)
 	if len(rec.warnings("sent in clear text")) != 1 {
 		t.Errorf("no clear-text warning for %s", u.Redacted())
 	}

@@ -1,0 +1,2 @@
+// Package redis holds the Redis backend's tests against real servers (in the development module, with the test servers); it has only tests.
+package redis
