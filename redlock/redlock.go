@@ -76,10 +76,11 @@ type Driver struct {
 	// last logged (UnixNano; 0: never), see warnUnannounced.
 	unannounced atomic.Int64
 
-	// afterGrant, if set (tests only, export_test.go), is called by
-	// TryAcquire once a majority has granted, before the grant's validity
-	// is computed: a test pauses there, as a GC or a stopped process
-	// would, so that the grant is judged after its validity.
+	// afterGrant, if set (tests only: the hook redlock.AfterGrant of
+	// testhooks.go), is called by TryAcquire once a majority has granted,
+	// before the grant's validity is computed: a test pauses there, as a
+	// GC or a stopped process would, so that the grant is judged after
+	// its validity.
 	afterGrant func()
 }
 

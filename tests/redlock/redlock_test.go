@@ -18,7 +18,7 @@ import (
 	"github.com/dlock-go/dlock/tests/servers"
 )
 
-func TestMain(m *testing.M) { startExampleServers(); servers.Main(m) }
+func TestMain(m *testing.M) { servers.Main(m) }
 
 // testNodeTimeout is the per-node timeout of the tests' lockers, above the
 // 50ms default: under -race, on a 2-core CI machine starting containers for

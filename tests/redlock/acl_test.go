@@ -22,7 +22,7 @@ import (
 // the documented rights.
 func leastRights(t *testing.T, name string) []string {
 	t.Helper()
-	doc, err := os.ReadFile("doc.go")
+	doc, err := os.ReadFile("../../redlock/doc.go") // the package documentation, in the library
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,6 +248,10 @@ func TestACLChannelsRevoked(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatalf("the waiter, its SUBSCRIBEs refused: %v; want the lock, by polling", err)
 	}
+	// Release returns once a majority has deleted; the other deletes
+	// finish in the background, and Close waits for them.
+	_ = lk2.Close()
+	_ = lk.Close()
 	for i, admin := range admins {
 		if n, err := admin.Exists(t.Context(), lockKey(key)).Result(); err != nil || n != 0 {
 			t.Errorf("node %d: EXISTS %s = %d, %v; want 0", i, lockKey(key), n, err)

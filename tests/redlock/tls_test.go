@@ -142,12 +142,12 @@ func TestPlaintextPasswordWarning(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		nodes, _, err := redlock.ParseURL(u)
+		nodes, _, err := parseURL(u)
 		if err != nil {
 			t.Fatal(err)
 		}
 		rec := &logRecorder{}
-		redlock.WarnTransport(slog.New(rec), nodes)
+		warnTransport(slog.New(rec), nodes)
 		if got := len(rec.warnings("sent in clear text")); got != want {
 			t.Errorf("%s: %d clear-text warnings; want %d", u.Redacted(), got, want)
 		}

@@ -13,7 +13,7 @@ import (
 // TestDriverRefusesGrantPastValidity: the Driver itself, without the
 // Locker's own check of late grants, refuses a grant whose validity
 // (TTL − elapsed − drift) is gone when it is judged. TryAcquire pauses
-// once a majority has granted (redlock.AfterGrant, as a GC or a stopped
+// once a majority has granted (afterGrant, as a GC or a stopped
 // process would), until the grant has lapsed on the nodes: another
 // Driver then takes the key. The paused attempt must return no lease
 // (ErrUnavailable), and its clean-up must leave the other holder's key
@@ -40,7 +40,7 @@ func TestDriverRefusesGrantPastValidity(t *testing.T) {
 		paused bool          // a majority granted, and TryAcquire paused
 		taken  backend.Lease // the other Driver's lease, taken during the pause
 	)
-	redlock.AfterGrant(d, func() {
+	afterGrant(d, func() {
 		paused = true
 		// Wait (polling, generously bounded) until the grant has lapsed
 		// on a majority: the other Driver gets the key.
