@@ -4,13 +4,10 @@ import (
 	"bytes"
 	"strings"
 	"testing"
-
-	"github.com/dlock-go/dlock/tests/servers"
 )
 
-// TestMain removes the test servers (conformance/servers) once the tests
-// have run.
-func TestMain(m *testing.M) { servers.Main(m) }
+// The tests of the command that need real servers are in tests/dlockcmd
+// (the development module), which runs the built binary against them.
 
 // TestHelpOnce: help asked for (-h, --help, dlock help NAME) is printed
 // once, on standard output, with status 0; a bad flag is a usage error,

@@ -10,13 +10,41 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/dlock-go/dlock"
 )
+
+var (
+	serveBinOnce sync.Once
+	serveBin     string
+	serveBinErr  error
+)
+
+// dlockBinary builds the command once per test process.
+func dlockBinary(t *testing.T) string {
+	t.Helper()
+	serveBinOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "dlock-serve-test")
+		if err != nil {
+			serveBinErr = err
+			return
+		}
+		serveBin = filepath.Join(dir, "dlock")
+		if out, err := exec.Command("go", "build", "-o", serveBin, ".").CombinedOutput(); err != nil {
+			serveBinErr = errors.New("go build: " + err.Error() + "\n" + string(out))
+		}
+	})
+	if serveBinErr != nil {
+		t.Fatal(serveBinErr)
+	}
+	return serveBin
+}
 
 // freeLoopbackAddr returns a 127.0.0.1 address whose port was free a
 // moment ago.

@@ -1,4 +1,4 @@
-package main
+package dlockcmd_test
 
 import (
 	"bytes"
