@@ -4,36 +4,38 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"os"
+	"strings"
+	"testing"
 	"time"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/internal/examplerun"
-	"github.com/dlock-go/dlock/tests/servers"
 	"github.com/dlock-go/dlock/zookeeper"
 )
 
-// zkServer is the ZooKeeper server of the examples: a test server that
-// TestMain starts (startExampleServers) when the run includes them.
+func TestMain(m *testing.M) { startExampleServers(); os.Exit(m.Run()) }
+
+// zkServer is the ZooKeeper server of the examples: a standalone server
+// that tests/examples starts and passes in DLOCK_EXAMPLE_ZOOKEEPER
+// (startExampleServers).
 var zkServer = "localhost:2181"
 
 // exampleNames are the examples of this file, which need the server.
 var exampleNames = []string{"ExampleNew", "ExampleURLOpener", "Example_open"}
 
-// startExampleServers starts the examples' standalone server and sets
-// zkServer, if the run includes the examples. Main removes it at the end.
+// startExampleServers sets zkServer from DLOCK_EXAMPLE_ZOOKEEPER
+// (host:port, or a comma-separated list of which the examples use the
+// first), if the run includes the examples; unset, the examples are
+// skipped.
 func startExampleServers() {
 	if !examplerun.Selected(exampleNames...) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	ensemble, err := servers.StartZooKeeper(ctx, 1)
-	if err != nil {
-		examplerun.GiveUp("a ZooKeeper server", err)
-		return
+	if addrs, ok := examplerun.FromEnv("DLOCK_EXAMPLE_ZOOKEEPER"); ok {
+		zkServer, _, _ = strings.Cut(addrs, ",")
 	}
-	zkServer = ensemble.Servers()[0]
 }
 
 // A Locker with its own session on the ensemble. The token is the czxid of

@@ -17,7 +17,7 @@ import (
 
 func TestParseURL(t *testing.T) {
 	u, _ := url.Parse("zk://u:p@h2,h1:2181/locks/?session_timeout=5s&tick_time=200ms")
-	srv, o, err := zookeeper.ParseURL(u)
+	srv, o, err := parseURL(u)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func TestParseURL(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := zookeeper.ParseURL(u); !errors.Is(err, dlock.ErrInvalidConfig) {
+		if _, _, err := parseURL(u); !errors.Is(err, dlock.ErrInvalidConfig) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", bad, err)
 		}
 	}
@@ -99,7 +99,7 @@ func TestOpenWithDigestAuth(t *testing.T) {
 	}
 	// Without the credentials the queue cannot even be listed.
 	admin := adminConn(t, srv)
-	if _, _, err := admin.Children("/authlocks/" + zookeeper.EncodeKey(key)); !errors.Is(err, zk.ErrNoAuth) {
+	if _, _, err := admin.Children("/authlocks/" + encodeKey(key)); !errors.Is(err, zk.ErrNoAuth) {
 		t.Errorf("listing the queue without credentials = %v, want ErrNoAuth", err)
 	}
 	// With them, another Locker sees the lock held.

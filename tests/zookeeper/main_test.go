@@ -17,7 +17,7 @@ import (
 	"github.com/dlock-go/dlock/zookeeper"
 )
 
-func TestMain(m *testing.M) { startExampleServers(); servers.Main(m) }
+func TestMain(m *testing.M) { servers.Main(m) }
 
 // testSession is the session timeout of the tests' Lockers: its TTL bound
 // (100s - 100s/3 - testTick, about 66.47s) is above the longest lease the
@@ -25,7 +25,7 @@ func TestMain(m *testing.M) { startExampleServers(); servers.Main(m) }
 // minutes.
 const testSession = 100 * time.Second
 
-// testTick is the test servers' tickTime (conformance/servers), the
+// testTick is the test servers' tickTime (tests/servers), the
 // Lockers' Options.TickTime unless a test sets its own.
 const testTick = 200 * time.Millisecond
 
@@ -85,7 +85,7 @@ type nopLogger struct{}
 func (nopLogger) Printf(string, ...any) {}
 
 // parent is the znode under which key's lock nodes queue (default prefix).
-func parent(key string) string { return zookeeper.DefaultPrefix + "/" + zookeeper.EncodeKey(key) }
+func parent(key string) string { return zookeeper.DefaultPrefix + "/" + encodeKey(key) }
 
 func uniqueKey(tb testing.TB) string {
 	var b [6]byte

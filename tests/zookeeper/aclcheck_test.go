@@ -26,7 +26,7 @@ func TestACLEntriesChecked(t *testing.T) {
 		"digest:alice:" + alice + ":cdrwa,ip:10.0.0.0/8:r", "ip:127.0.0.1:cdrwa", "ip:::1:cdrwa",
 		"auth::cdrwa,sasl:zkadmin@EXAMPLE.COM:cdrwa", // another provider's scheme: the server's to check
 	} {
-		if _, _, err := zookeeper.ParseURL(mustURL(t, "zk://alice:secret-a@h1?acl="+good)); err != nil {
+		if _, _, err := parseURL(mustURL(t, "zk://alice:secret-a@h1?acl="+good)); err != nil {
 			t.Errorf("acl=%s: %v", good, err)
 		}
 	}
@@ -45,7 +45,7 @@ func TestACLEntriesChecked(t *testing.T) {
 	} {
 		// After an entry that gives the Locker its rights, so that only
 		// the bad entry can be refused.
-		_, _, err := zookeeper.ParseURL(mustURL(t, "zk://alice:secret-a@h1?acl=auth::cdrwa,"+bad))
+		_, _, err := parseURL(mustURL(t, "zk://alice:secret-a@h1?acl=auth::cdrwa,"+bad))
 		if !errors.Is(err, dlock.ErrInvalidConfig) {
 			t.Errorf("acl=%s: %v, want ErrInvalidConfig", bad, err)
 			continue

@@ -55,7 +55,7 @@ func authConn(tb testing.TB, srv []string, auth string) *zk.Conn {
 // read by a client authenticated as auth.
 func holderNode(tb testing.TB, c *zk.Conn, prefix, key string) (dir, node string) {
 	tb.Helper()
-	dir = prefix + "/" + zookeeper.EncodeKey(key)
+	dir = prefix + "/" + encodeKey(key)
 	kids, _, err := c.Children(dir)
 	if err != nil || len(kids) != 1 {
 		tb.Fatalf("the queue of %s: %v %v, want one node", dir, kids, err)
@@ -169,7 +169,7 @@ func TestACLSharedByIdentities(t *testing.T) {
 		}()
 		// The waiter must queue behind the holder: wait until its node is there.
 		for {
-			kids, _, err := c.Children(prefix + "/" + zookeeper.EncodeKey(key))
+			kids, _, err := c.Children(prefix + "/" + encodeKey(key))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -272,7 +272,7 @@ func TestParseSecurityURL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, o, err := zookeeper.ParseURL(u)
+	_, o, err := parseURL(u)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,7 +285,7 @@ func TestParseSecurityURL(t *testing.T) {
 	if o.TLS == nil || o.TLS.ServerName != "zk.example" {
 		t.Errorf("zks: TLS %+v, want one verifying zk.example", o.TLS)
 	}
-	if _, o, err := zookeeper.ParseURL(mustURL(t, "zk://h1")); err != nil || o.TLS != nil || o.ACL != nil {
+	if _, o, err := parseURL(mustURL(t, "zk://h1")); err != nil || o.TLS != nil || o.ACL != nil {
 		t.Errorf("zk://h1: %+v %v, want no TLS and no ACL", o, err)
 	}
 	for _, bad := range []string{
@@ -295,7 +295,7 @@ func TestParseSecurityURL(t *testing.T) {
 		"zk://u:p@h1?acl=digest:bob:a+b=:cdrwa", // a '+' not escaped
 		"zk://h1?ca=ca.pem", "zk://h1?server_name=x", "zks://h1?ca=/nonexistent.pem", "zks://h1?cert=c.pem",
 	} {
-		if _, _, err := zookeeper.ParseURL(mustURL(t, bad)); !errors.Is(err, dlock.ErrInvalidConfig) {
+		if _, _, err := parseURL(mustURL(t, bad)); !errors.Is(err, dlock.ErrInvalidConfig) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", bad, err)
 		}
 	}

@@ -227,7 +227,7 @@ func TestTryAcquireLeavesNoNode(t *testing.T) {
 // TestEnsembleStopped: on a server of its own, (1) a waiter cancelled
 // while the server is frozen returns at once, and its node is deleted once
 // the server answers; (2) with the server stopped, a queued waiter gives up
-// with ErrUnavailable a session timeout plus zookeeper.CutOffMargin after
+// with ErrUnavailable a session timeout plus cutOffMargin after
 // its connection broke (never sooner: the server rounds a session's expiry
 // up to its next tick), saying the session may have expired, and a new
 // Acquire or TryAcquire (without a deadline) fails with ErrUnavailable after
@@ -286,7 +286,7 @@ func TestEnsembleStopped(t *testing.T) {
 	}
 	// The waiter gives up a session timeout (and the margin) after its
 	// connection broke.
-	least := waiterSession + zookeeper.CutOffMargin
+	least := waiterSession + cutOffMargin
 	bound := least + 5*time.Second
 	if err := waitResult(got, bound); err == errNoReturn {
 		t.Errorf("queued Acquire without a deadline, server stopped, did not return within %v", bound)

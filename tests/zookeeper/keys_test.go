@@ -6,7 +6,6 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/tests/servers"
-	"github.com/dlock-go/dlock/zookeeper"
 )
 
 // nastyKeys are keys the root API accepts but ZooKeeper paths cannot hold
@@ -21,7 +20,7 @@ var nastyKeys = []string{
 func TestEncodeKeyInjective(t *testing.T) {
 	seen := map[string]string{}
 	for _, k := range nastyKeys {
-		enc := zookeeper.EncodeKey(k)
+		enc := encodeKey(k)
 		if other, dup := seen[enc]; dup {
 			t.Errorf("keys %q and %q both encode to %q", k, other, enc)
 		}
@@ -65,12 +64,12 @@ func TestQueueOrderWraps(t *testing.T) {
 		{"_c_x-lock--2147483648", "_c_y-lock--000000001", true},
 		{"_c_x-lock--000000001", "_c_y-lock-0000000000", true},
 	} {
-		a, okA := zookeeper.Seq(tc.a)
-		b, okB := zookeeper.Seq(tc.b)
+		a, okA := seq(tc.a)
+		b, okB := seq(tc.b)
 		if !okA || !okB {
 			t.Fatalf("Seq(%q) or Seq(%q) failed", tc.a, tc.b)
 		}
-		if got := zookeeper.Before(a, b); got != tc.want {
+		if got := before(a, b); got != tc.want {
 			t.Errorf("Before(%q, %q) = %v, want %v", tc.a, tc.b, got, tc.want)
 		}
 	}

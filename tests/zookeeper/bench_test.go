@@ -22,7 +22,7 @@ import (
 //	lib=zklock  zk.NewLock(conn, path, acl): Lock + Unlock
 //	lib=dlock   dlock Locker.Acquire + Lease.Release
 //
-//	make bench ARGS='-bench Cycle -count 6 ./zookeeper/' | tee /tmp/zk.txt
+//	make bench ARGS='-bench Cycle -count 6 ./tests/zookeeper/' | tee /tmp/zk.txt
 //	benchstat -col /lib /tmp/zk.txt
 func BenchmarkCycle(b *testing.B) {
 	srv := servers.ZooKeeper(b, 1).Servers()
