@@ -11,8 +11,9 @@
 // The harness makes independent Lockers that contend with each other, as
 // separate processes would, and can force the server to drop a lease. Cases
 // that depend on a capability are skipped based on the Locker's Guarantees,
-// never on the backend's name. This package starts no servers (see
-// conformance/servers for that).
+// never on the backend's name. This package starts no servers and needs no
+// Docker (dlock's own runs start theirs with tests/servers, in the
+// development module).
 package conformance
 
 import (

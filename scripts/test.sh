@@ -15,7 +15,7 @@
 #      The Redis, ZooKeeper and PostgreSQL stand-ins are made from Debian
 #      packages (debootstrap + docker import; Redis from trixie, 8.0, as
 #      some tests need 7.2 or later, with libfaketime, which
-#      conformance/servers' StartRedisFaketime needs for server clock jumps;
+#      tests/servers' StartRedisFaketime needs for server clock jumps;
 #      the ZooKeeper one has Debian's
 #      /usr/share/zookeeper/bin, where zkServer.sh is, on its PATH and logs
 #      to the console, as the official image does; the PostgreSQL one has
@@ -246,7 +246,7 @@ build_debian_standin() {
 # zookeeper_fixup ROOTFS: make Debian's zkServer.sh log to the console, as
 # the official image's does. Debian's zookeeper 3.8 puts no SLF4J binding on
 # the server's class path, so the server would log nothing at all (and
-# conformance/servers waits for log lines): add log4j's binding, and select
+# tests/servers waits for log lines): add log4j's binding, and select
 # the console appender of Debian's log4j.properties. zkServer.sh sources
 # this environment file (as zkEnv.sh) on every start.
 zookeeper_fixup() {
@@ -357,13 +357,13 @@ step "Checking server images"
 # The Redis stand-in comes from Debian trixie (Redis 8.0): the tests need
 # Redis 7.2 or later, where WAIT counts only the connection's own writes
 # (bookworm has 7.0). It also has Debian's libfaketime
-# (/usr/lib/<arch>/faketime/libfaketimeMT.so.1): conformance/servers'
+# (/usr/lib/<arch>/faketime/libfaketimeMT.so.1): tests/servers'
 # StartRedisFaketime runs redis-server under it to jump the server's clock.
 # A stand-in built without it (an older script's) is built again.
 standin_suite=trixie ensure_image "${DLOCK_REDIS_IMAGE:-redis:7.2}" build_debian_standin redis-server,libfaketime
 ensure_image "${DLOCK_ETCD_IMAGE:-quay.io/coreos/etcd:v3.7.3}" build_etcd_standin
 # Debian's zookeeper package (3.8 in bookworm) brings a JRE and keeps its
-# scripts in /usr/share/zookeeper/bin; conformance/servers runs
+# scripts in /usr/share/zookeeper/bin; tests/servers runs
 # `zkServer.sh start-foreground` with a config of its own, as it does in the
 # official image.
 ensure_image "${DLOCK_ZOOKEEPER_IMAGE:-zookeeper:3.8}" build_debian_standin zookeeper /usr/share/zookeeper/bin zookeeper_fixup

@@ -29,9 +29,6 @@ import (
 	"regexp"
 )
 
-// envRequire is conformance/servers' switch: servers are required.
-const envRequire = "DLOCK_REQUIRE_SERVERS"
-
 // Selected reports whether go test's -test.run and -test.skip flags select
 // any of the named examples (or tests) at the top level, as go test reads
 // them: a pattern is split into alternatives at '|' and each alternative
@@ -148,20 +145,6 @@ func match(alts []alternative, name string) (matched, full bool) {
 		}
 	}
 	return false, false
-}
-
-// GiveUp reports that the examples' servers (what) could not be started:
-// with DLOCK_REQUIRE_SERVERS=1 it exits with status 1 (the servers started
-// so far are removed by conformance/servers' child process when this
-// process ends); else it prints why and skips every example (-test.skip).
-func GiveUp(what string, err error) {
-	msg := fmt.Sprintf("cannot start %s for the examples: %v", what, err)
-	if os.Getenv(envRequire) == "1" {
-		fmt.Fprintf(os.Stderr, "%s\n(%s=1: servers are required)\n", msg, envRequire)
-		os.Exit(1)
-	}
-	fmt.Fprintf(os.Stderr, "%s\n(skipping the examples; set %s=1 to fail instead)\n", msg, envRequire)
-	skipExamples()
 }
 
 // skipExamples adds every example to go test's -test.skip.

@@ -8,7 +8,7 @@
 //	make peers-smoke    # every benchmark once, the scale workloads shrunk
 //
 // run.sh sets the servers up as `make test` does (scripts/test.sh
-// --setup-only); the test binary starts them through conformance/servers
+// --setup-only); the test binary starts them through tests/servers
 // (Redis ×5, a single-member etcd cluster, a standalone ZooKeeper server)
 // and every library of a backend runs against the same ones:
 //

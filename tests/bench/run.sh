@@ -19,7 +19,7 @@
 #
 # It sets the servers up as `make test` does (scripts/test.sh --setup-only),
 # runs this module's benchmarks COUNT times (each pass one test binary,
-# which starts the servers through conformance/servers), and prints a
+# which starts the servers through tests/servers), and prints a
 # dlock ÷ peer summary and, per backend and peer, a benchstat table with
 # the peer as the base column, so the dlock column reads "dlock vs peer".
 set -euo pipefail

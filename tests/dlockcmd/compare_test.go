@@ -82,7 +82,9 @@ func compareStillHeld(t *testing.T, url string, le *dlock.Lease) {
 }
 
 // The JSON output of dlock compare --json (cmpReport and the types under it
-// in cmd/dlock/compare.go), as a user's program reads it.
+// in cmd/dlock/compare.go), as a user's program reads it. TestCompareJSON
+// decodes with DisallowUnknownFields, so that the mirror cannot drift from
+// compare.go unnoticed.
 type cmpReport struct {
 	Duration string       `json:"duration"`
 	Prefix   string       `json:"prefix"`
@@ -169,9 +171,13 @@ func TestCompareJSON(t *testing.T) {
 	if took > duration+20*time.Second {
 		t.Errorf("compare --duration %v took %v", duration, took)
 	}
+	// Every field must be known to the mirror (cmpReport): a field
+	// renamed in compare.go fails here instead of reading as zero.
 	var rep cmpReport
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
-		t.Fatalf("--json output does not parse: %v\n%s", err, out)
+	dec := json.NewDecoder(strings.NewReader(out))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&rep); err != nil {
+		t.Fatalf("--json output does not parse into the mirror of its types: %v\n%s", err, out)
 	}
 	if rep.Prefix != "dlock-compare" || rep.Duration != duration.String() {
 		t.Errorf("prefix %q, duration %q", rep.Prefix, rep.Duration)

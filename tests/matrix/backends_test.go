@@ -61,7 +61,7 @@ type deployOptions struct {
 // of the session, zkSession - zkSession/3 - zkTick = 4s, exactly.
 const zkSession = 6300 * time.Millisecond
 
-// zkTick is the test servers' tickTime (conformance/servers), passed to
+// zkTick is the test servers' tickTime (tests/servers), passed to
 // the ZooKeeper backend as tick_time: it enters the bound on TTLs.
 const zkTick = 200 * time.Millisecond
 

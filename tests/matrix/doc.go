@@ -3,7 +3,7 @@
 // faults against every backend on real servers (Redis, Redlock over five
 // Redis masters, a three-member etcd cluster, a three-server ZooKeeper
 // ensemble), with the faults injected through
-// [github.com/dlock-go/dlock/conformance/servers] (kill -9 and restart,
+// [github.com/dlock-go/dlock/tests/servers] (kill -9 and restart,
 // SIGSTOP, a blackholing or slow TCP proxy, a server clock shifted with
 // libfaketime) and a paused child process.
 //

@@ -24,7 +24,7 @@ import (
 func TestMain(m *testing.M) { servers.Main(m) }
 
 // serverAddr returns the address of the package's Redis server, a container
-// started on first use (see conformance/servers). It has no replicas; the
+// started on first use (see tests/servers). It has no replicas; the
 // tests change its maxmemory-policy briefly and flush its script cache.
 func serverAddr(tb testing.TB) string {
 	tb.Helper()

@@ -131,3 +131,36 @@ func TestErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestCancelledStartLeavesNothing: a start whose context ends while its
+// containers are being created and waited for returns an error and
+// terminates what it had started: no container of this process is left
+// (counted by the owner label, with the docker command). The context ends
+// after a few delays in turn, so that some end mid-start.
+func TestCancelledStartLeavesNothing(t *testing.T) {
+	servers.ZooKeeper(t, 1) // skips (or fails) as any server test when there are no servers
+	mine := func() int {
+		out, err := exec.CommandContext(t.Context(), "docker", "ps", "-aq", "--filter", "label=dlock.test.owner="+servers.Owner, "--filter", "label=dlock.test.kind=etcd").Output()
+		if err != nil {
+			t.Fatalf("docker ps: %v", err)
+		}
+		return len(strings.Fields(string(out)))
+	}
+	cancelled := 0
+	for _, d := range []time.Duration{100 * time.Millisecond, 400 * time.Millisecond, time.Second, 2 * time.Second} {
+		ctx, cancel := context.WithTimeout(t.Context(), d)
+		c, err := servers.StartEtcd(ctx, 3)
+		cancel()
+		if err == nil {
+			_ = c.Terminate(t.Context())
+			continue
+		}
+		cancelled++
+		if n := mine(); n != 0 {
+			t.Errorf("a start of a 3-member etcd cluster cut after %v (%v) left %d containers", d, err, n)
+		}
+	}
+	if cancelled == 0 {
+		t.Fatal("every start finished before its context ended: nothing was cut mid-start")
+	}
+}

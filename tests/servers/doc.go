@@ -131,8 +131,8 @@
 // timeout panic, SIGKILL) leaves nothing running either: before its first
 // container, the process starts a reaper, a shell child reading a pipe
 // from it; when the process ends the pipe closes, and the reaper removes
-// every container and network labelled with the process's id (label
-// dlock.test.pid), with the docker command. Errors keep what tests look
+// every container and network labelled as the process's (label
+// dlock.test.owner: its pid and a random token), with the docker command. Errors keep what tests look
 // at: matching [ErrNoFaketime] or [ErrNeedsHostNetwork], and whether
 // something (Docker, an image) is missing, on which tests skip unless
 // DLOCK_REQUIRE_SERVERS=1.

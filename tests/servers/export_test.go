@@ -5,3 +5,7 @@ import "context"
 // CheckFaketime exposes checkFaketime to the external tests: it fails with
 // ErrNoFaketime on a server without libfaketime loaded.
 func CheckFaketime(ctx context.Context, s *Server) error { return s.checkFaketime(ctx) }
+
+// Owner is the value of this process's containers' owner label
+// (dlock.test.owner).
+var Owner = owner

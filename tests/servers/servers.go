@@ -487,7 +487,7 @@ func tryGroup(ctx context.Context, k *kind, mode string, n int) (*group, error) 
 // of kind k, by which leftovers are found.
 func containerLabels(k *kind) map[string]string {
 	startReaper() // before anything of this process exists to be reaped
-	labels := map[string]string{"dlock.test": "1", "dlock.test.kind": k.name, pidLabel: strconv.Itoa(os.Getpid())}
+	labels := map[string]string{"dlock.test": "1", "dlock.test.kind": k.name, ownerLabel: owner}
 	if run := os.Getenv(envRun); run != "" {
 		labels["dlock.test.run"] = run
 	}
