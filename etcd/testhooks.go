@@ -3,7 +3,6 @@ package etcd
 import (
 	"context"
 	"log/slog"
-	"net/url"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -19,9 +18,6 @@ func init() {
 	// a URL does; the tests give every Locker its own client, as separate
 	// processes would have.
 	testhook.Set("etcd.OwnClient", func(d *Driver) { d.ownsClient = true })
-
-	// ParseURL is the URL parser (no base Options).
-	testhook.Set("etcd.ParseURL", func(u *url.URL) (*clientv3.Config, *Options, error) { return parseURL(u, Options{}) })
 
 	// AfterQueueRead makes d call f each time a waiter has read its queue
 	// and found a predecessor, before it starts watching it.

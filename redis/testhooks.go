@@ -2,9 +2,6 @@ package redis
 
 import (
 	"log/slog"
-	"net/url"
-
-	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock/internal/testhook"
 )
@@ -14,10 +11,6 @@ import (
 // internals through an export_test.go. They do nothing unless a test calls
 // them.
 func init() {
-	// The URL parser, with no base Options.
-	testhook.Set("redis.ParseURL", func(u *url.URL) (*goredis.Options, *Options, error) { return parseURL(u, Options{}) })
-	// The warnings about a connection's transport (a password in clear text).
-	testhook.Set("redis.WarnTransport", warnTransport)
 	// The Logger a driver logs to.
 	testhook.Set("redis.LoggerOf", func(d *Driver) *slog.Logger { return d.log })
 }

@@ -1,12 +1,6 @@
 package redlock
 
-import (
-	"net/url"
-
-	goredis "github.com/redis/go-redis/v9"
-
-	"github.com/dlock-go/dlock/internal/testhook"
-)
+import "github.com/dlock-go/dlock/internal/testhook"
 
 // The hooks below exist for the backend's tests against real servers in
 // tests/redlock (the development module), which cannot reach this
@@ -17,8 +11,4 @@ func init() {
 	// granted, before the grant's validity (TTL − elapsed − drift) is
 	// computed: f may pause there, as a GC or a stopped process would.
 	testhook.Set("redlock.AfterGrant", func(d *Driver, f func()) { d.afterGrant = f })
-	// The URL parser, with no base Options.
-	testhook.Set("redlock.ParseURL", func(u *url.URL) ([]*goredis.Options, *Options, error) { return parseURL(u, Options{}) })
-	// The warnings about the nodes' transport (a password in clear text).
-	testhook.Set("redlock.WarnTransport", warnTransport)
 }

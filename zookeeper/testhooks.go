@@ -1,10 +1,6 @@
 package zookeeper
 
-import (
-	"net/url"
-
-	"github.com/dlock-go/dlock/internal/testhook"
-)
+import "github.com/dlock-go/dlock/internal/testhook"
 
 // The hooks below exist for the backend's tests against real servers in
 // tests/zookeeper (the development module), which cannot reach this
@@ -13,11 +9,6 @@ import (
 func init() {
 	// The key encoding (a key's znode name under the prefix).
 	testhook.Set("zookeeper.EncodeKey", encodeKey)
-	// The URL parser, with no base Options.
-	testhook.Set("zookeeper.ParseURL", func(u *url.URL) ([]string, *Options, error) { return parseURL(u, Options{}) })
-	// The queue order: a lock node's sequence number, and their order.
-	testhook.Set("zookeeper.Seq", seq)
-	testhook.Set("zookeeper.Before", before)
 	// How much longer than its session timeout a waiter without a
 	// connection waits.
 	testhook.Set("zookeeper.CutOffMargin", cutOffMargin)

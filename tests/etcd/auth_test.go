@@ -170,20 +170,3 @@ func TestAuthPermissions(t *testing.T) {
 		}
 	})
 }
-
-// A prefix that does not end with "/" is refused before any I/O: "app"
-// would share its keys' directories with "app2", and a role granted "app"
-// would cover "app2". (Before: accepted.)
-func TestPrefixNeedsSlash(t *testing.T) {
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}}) // never dialled
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close() }()
-	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
-	defer cancel()
-	_, err = etcd.NewDriver(ctx, c, &etcd.Options{Prefix: "app"})
-	if !errors.Is(err, backend.ErrInvalidConfig) || !strings.Contains(err.Error(), `"app/"`) {
-		t.Fatalf("Prefix \"app\": %v; want ErrInvalidConfig suggesting \"app/\"", err)
-	}
-}

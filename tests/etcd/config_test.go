@@ -1,8 +1,6 @@
 package etcd_test
 
 import (
-	"context"
-	"errors"
 	"log/slog"
 	"testing"
 	"time"
@@ -57,33 +55,5 @@ func TestOpenURLWithOwnClient(t *testing.T) {
 	}
 	if got := rec.Above(slog.LevelDebug); len(got) > 0 {
 		t.Errorf("normal use and Close logged above Debug: %q", got)
-	}
-}
-
-// New refuses bad opts.Locker before any I/O, a TTL below etcd's floor of
-// 1s included (it used to be found by the first acquire, after New had
-// asked the cluster for its members).
-func TestNewRejectsBadLockerOptionsBeforeIO(t *testing.T) {
-	// No server at this address: an I/O would fail with ErrUnavailable.
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	for name, lo := range map[string]dlock.Options{
-		"negative retry":      {RetryMin: -time.Millisecond},
-		"TTL below floor":     {TTL: 500 * time.Millisecond},
-		"drift factor":        {DriftFactor: 0.7},
-		"retry max below min": {RetryMin: time.Second, RetryMax: time.Millisecond},
-	} {
-		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
-		l, err := etcd.New(ctx, c, &etcd.Options{Locker: &lo})
-		cancel()
-		if l != nil {
-			_ = l.Close()
-		}
-		if errors.Is(err, dlock.ErrUnavailable) || (!errors.Is(err, dlock.ErrInvalidConfig) && !errors.Is(err, dlock.ErrInvalidTTL)) {
-			t.Errorf("%s: New = %v; want ErrInvalidConfig or ErrInvalidTTL, before any I/O", name, err)
-		}
 	}
 }

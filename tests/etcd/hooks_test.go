@@ -3,7 +3,6 @@ package etcd_test
 import (
 	"context"
 	"log/slog"
-	"net/url"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -15,7 +14,6 @@ import (
 // etcd/testhooks.go (see there for what each does).
 var (
 	ownClient      = testhook.Get[func(*etcd.Driver)]("etcd.OwnClient")
-	parseURL       = testhook.Get[func(*url.URL) (*clientv3.Config, *etcd.Options, error)]("etcd.ParseURL")
 	afterQueueRead = testhook.Get[func(*etcd.Driver, func())]("etcd.AfterQueueRead")
 	afterMove      = testhook.Get[func(*etcd.Driver, func(error) error)]("etcd.AfterMove")
 	breakWatch     = testhook.Get[func(*etcd.Driver)]("etcd.BreakWatch")

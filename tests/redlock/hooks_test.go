@@ -1,11 +1,6 @@
 package redlock_test
 
 import (
-	"log/slog"
-	"net/url"
-
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/dlock-go/dlock/internal/testhook"
 	"github.com/dlock-go/dlock/redlock"
 )
@@ -16,8 +11,4 @@ var (
 	// afterGrant makes d call f in each TryAcquire once a majority has
 	// granted, before the grant's validity is computed.
 	afterGrant = testhook.Get[func(d *redlock.Driver, f func())]("redlock.AfterGrant")
-	// parseURL parses a redlock:// or redlocks:// URL with no base Options.
-	parseURL = testhook.Get[func(*url.URL) ([]*goredis.Options, *redlock.Options, error)]("redlock.ParseURL")
-	// warnTransport logs the warnings about the nodes' transport.
-	warnTransport = testhook.Get[func(*slog.Logger, []*goredis.Options)]("redlock.WarnTransport")
 )

@@ -7,9 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -261,53 +259,6 @@ func TestWorldWritablePrefixWarns(t *testing.T) {
 	if got := open(zookeeper.Options{Prefix: prefix}).with(""); len(got) != 0 {
 		t.Errorf("no credentials on loopback: warnings %q, want none", got)
 	}
-}
-
-// TestParseSecurityURL: the acl parameter and the zks scheme's TLS
-// parameters.
-func TestParseSecurityURL(t *testing.T) {
-	hash := digest("bob:secret-b")
-	u, err := url.Parse("zks://alice:secret-a@h1/locks?server_name=zk.example&acl=digest:alice:" +
-		url.QueryEscape(digest("alice:secret-a")) + ":cdrwa,digest:bob:" + url.QueryEscape(hash) + ":rcd,world:anyone:r")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, o, err := parseURL(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := append(zk.DigestACL(zk.PermAll, "alice", "secret-a"),
-		zk.ACL{Perms: zk.PermRead | zk.PermCreate | zk.PermDelete, Scheme: "digest", ID: "bob:" + hash},
-		zk.ACL{Perms: zk.PermRead, Scheme: "world", ID: "anyone"})
-	if fmt.Sprint(o.ACL) != fmt.Sprint(want) {
-		t.Errorf("acl: %v, want %v", o.ACL, want)
-	}
-	if o.TLS == nil || o.TLS.ServerName != "zk.example" {
-		t.Errorf("zks: TLS %+v, want one verifying zk.example", o.TLS)
-	}
-	if _, o, err := parseURL(mustURL(t, "zk://h1")); err != nil || o.TLS != nil || o.ACL != nil {
-		t.Errorf("zk://h1: %+v %v, want no TLS and no ACL", o, err)
-	}
-	for _, bad := range []string{
-		"zk://h1?acl=", "zk://h1?acl=world", "zk://h1?acl=world:anyone", "zk://h1?acl=world:anyone:x",
-		"zk://h1?acl=world:anyone:rr", "zk://h1?acl=world:anyone:", "zk://h1?acl=:anyone:r",
-		"zk://h1?acl=digest::r", "zk://h1?acl=auth::cdrwa", // auth needs credentials
-		"zk://u:p@h1?acl=digest:bob:a+b=:cdrwa", // a '+' not escaped
-		"zk://h1?ca=ca.pem", "zk://h1?server_name=x", "zks://h1?ca=/nonexistent.pem", "zks://h1?cert=c.pem",
-	} {
-		if _, _, err := parseURL(mustURL(t, bad)); !errors.Is(err, dlock.ErrInvalidConfig) {
-			t.Errorf("%s: %v, want ErrInvalidConfig", bad, err)
-		}
-	}
-}
-
-func mustURL(tb testing.TB, s string) *url.URL {
-	tb.Helper()
-	u, err := url.Parse(s)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return u
 }
 
 // TestBadACL: an ACL the server would refuse is refused before any I/O.

@@ -17,20 +17,6 @@ var nastyKeys = []string{
 	strings.Repeat("k", 512), strings.Repeat("/", 512),
 }
 
-func TestEncodeKeyInjective(t *testing.T) {
-	seen := map[string]string{}
-	for _, k := range nastyKeys {
-		enc := encodeKey(k)
-		if other, dup := seen[enc]; dup {
-			t.Errorf("keys %q and %q both encode to %q", k, other, enc)
-		}
-		seen[enc] = k
-		if enc == "." || enc == ".." || strings.Contains(enc, "/") {
-			t.Errorf("key %q encodes to %q, not a valid path segment", k, enc)
-		}
-	}
-}
-
 // TestNastyKeys: every nasty key can be locked, independently of the others.
 func TestNastyKeys(t *testing.T) {
 	t.Parallel()
@@ -47,30 +33,6 @@ func TestNastyKeys(t *testing.T) {
 	for _, le := range leases {
 		if err := le.Release(t.Context()); err != nil {
 			t.Errorf("Release(%q): %v", le.Key(), err)
-		}
-	}
-}
-
-// TestQueueOrderWraps: sequence numbers are a signed 32-bit counter that
-// ZooKeeper formats with %010d; the order survives its wrap-around.
-func TestQueueOrderWraps(t *testing.T) {
-	for _, tc := range []struct {
-		a, b string
-		want bool
-	}{
-		{"_c_x-lock-0000000001", "_c_y-lock-0000000002", true},
-		{"_c_x-lock-0000000002", "_c_y-lock-0000000001", false},
-		{"_c_x-lock-2147483647", "_c_y-lock--2147483648", true}, // the wrap
-		{"_c_x-lock--2147483648", "_c_y-lock--000000001", true},
-		{"_c_x-lock--000000001", "_c_y-lock-0000000000", true},
-	} {
-		a, okA := seq(tc.a)
-		b, okB := seq(tc.b)
-		if !okA || !okB {
-			t.Fatalf("Seq(%q) or Seq(%q) failed", tc.a, tc.b)
-		}
-		if got := before(a, b); got != tc.want {
-			t.Errorf("Before(%q, %q) = %v, want %v", tc.a, tc.b, got, tc.want)
 		}
 	}
 }

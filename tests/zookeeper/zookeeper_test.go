@@ -3,7 +3,6 @@ package zookeeper_test
 import (
 	"context"
 	"errors"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -14,31 +13,6 @@ import (
 	"github.com/dlock-go/dlock/tests/servers"
 	"github.com/dlock-go/dlock/zookeeper"
 )
-
-func TestParseURL(t *testing.T) {
-	u, _ := url.Parse("zk://u:p@h2,h1:2181/locks/?session_timeout=5s&tick_time=200ms")
-	srv, o, err := parseURL(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(srv) != 2 || srv[0] != "h2:2181" || srv[1] != "h1:2181" || o.Prefix != "/locks" || o.Auth != "u:p" ||
-		o.SessionTimeout != 5*time.Second || o.TickTime != 200*time.Millisecond {
-		t.Errorf("parsed %v %+v", srv, o)
-	}
-	for _, bad := range []string{
-		"zk:///locks", "zk://h1,,h2", "zk://h1?foo=1", "zk://h1?session_timeout=-1s",
-		"zk://h1?session_timeout=x", "zk://user@h1", "zk://h1?tick_time=0s", "zk://h1?tick_time=-1s",
-		"zk://h1?tick_time=x", "zk://h1?tick_time=1ms&tick_time=2ms",
-	} {
-		u, err := url.Parse(bad)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, _, err := parseURL(u); !errors.Is(err, dlock.ErrInvalidConfig) {
-			t.Errorf("%s: %v, want ErrInvalidConfig", bad, err)
-		}
-	}
-}
 
 // TestTTLAboveSessionRefusedBeforeIO: a Locker TTL above the bound of
 // the session timeout asked is refused before any dial (the server's
