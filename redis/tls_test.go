@@ -1,13 +1,10 @@
 package redis_test
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"net/url"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -16,36 +13,6 @@ import (
 	"github.com/dlock-go/dlock/internal/urlparam/urltest"
 	"github.com/dlock-go/dlock/redis"
 )
-
-// logRecorder is a slog.Handler that keeps the messages of the records at
-// Warn level or above.
-type logRecorder struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (r *logRecorder) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
-func (r *logRecorder) Handle(_ context.Context, rec slog.Record) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.msgs = append(r.msgs, rec.Message)
-	return nil
-}
-func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return r }
-func (r *logRecorder) WithGroup(string) slog.Handler      { return r }
-
-// warnings returns the messages containing s.
-func (r *logRecorder) warnings(s string) []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []string
-	for _, m := range r.msgs {
-		if strings.Contains(m, s) {
-			out = append(out, m)
-		}
-	}
-	return out
-}
 
 // The TLS parameters are refused before any I/O when they cannot be used:
 // on redis:// (no TLS), or naming a file that is missing or holds no PEM,
@@ -86,9 +53,9 @@ func TestPlaintextPasswordWarning(t *testing.T) {
 		{goredis.Options{Addr: "localhost:6379", Password: "pw"}, false},
 		{goredis.Options{Addr: "10.1.2.3:6379"}, false},
 	} {
-		rec := &logRecorder{}
+		rec := &urltest.Warnings{}
 		redis.WarnTransport(slog.New(rec), &c.co)
-		if got := len(rec.warnings("sent in clear text")); got != map[bool]int{true: 1, false: 0}[c.warn] {
+		if got := len(rec.Containing("sent in clear text")); got != map[bool]int{true: 1, false: 0}[c.warn] {
 			t.Errorf("%s (password %t): %d clear-text warnings; want warned %t", c.co.Addr, c.co.Password != "", got, c.warn)
 		}
 	}
@@ -98,9 +65,9 @@ func TestPlaintextPasswordWarning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := &logRecorder{}
+	rec := &urltest.Warnings{}
 	redis.WarnTransport(slog.New(rec), co)
-	if len(rec.warnings("sent in clear text")) != 1 {
+	if len(rec.Containing("sent in clear text")) != 1 {
 		t.Errorf("no clear-text warning for %s", u.Redacted())
 	}
 }

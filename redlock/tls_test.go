@@ -1,48 +1,15 @@
 package redlock_test
 
 import (
-	"context"
 	"log/slog"
 	"net/url"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/urlparam/urltest"
 	"github.com/dlock-go/dlock/redlock"
 )
-
-// logRecorder is a slog.Handler that keeps the messages of the records at
-// Warn level or above.
-type logRecorder struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (r *logRecorder) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
-func (r *logRecorder) Handle(_ context.Context, rec slog.Record) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.msgs = append(r.msgs, rec.Message)
-	return nil
-}
-func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return r }
-func (r *logRecorder) WithGroup(string) slog.Handler      { return r }
-
-// warnings returns the messages containing s.
-func (r *logRecorder) warnings(s string) []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []string
-	for _, m := range r.msgs {
-		if strings.Contains(m, s) {
-			out = append(out, m)
-		}
-	}
-	return out
-}
 
 // The TLS parameters are refused before any I/O when they cannot be used:
 // on redlock:// (no TLS), or naming a file that is missing or holds no PEM,
@@ -81,9 +48,9 @@ func TestPlaintextPasswordWarning(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rec := &logRecorder{}
+		rec := &urltest.Warnings{}
 		redlock.WarnTransport(slog.New(rec), nodes)
-		if got := len(rec.warnings("sent in clear text")); got != want {
+		if got := len(rec.Containing("sent in clear text")); got != want {
 			t.Errorf("%s: %d clear-text warnings; want %d", u.Redacted(), got, want)
 		}
 	}

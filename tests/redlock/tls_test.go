@@ -1,12 +1,10 @@
 package redlock_test
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/dlock-go/dlock"
@@ -16,40 +14,10 @@ import (
 	"github.com/dlock-go/dlock/tests/servers"
 )
 
-// logRecorder is a slog.Handler that keeps the messages of the records at
-// Warn level or above.
-type logRecorder struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (r *logRecorder) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
-func (r *logRecorder) Handle(_ context.Context, rec slog.Record) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.msgs = append(r.msgs, rec.Message)
-	return nil
-}
-func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return r }
-func (r *logRecorder) WithGroup(string) slog.Handler      { return r }
-
-// warnings returns the messages containing s.
-func (r *logRecorder) warnings(s string) []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []string
-	for _, m := range r.msgs {
-		if strings.Contains(m, s) {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
 // openWithLog opens rawURL on a mux whose redlock opener logs to a new
 // logRecorder.
-func openWithLog(t *testing.T, rawURL string) (*dlock.Locker, *logRecorder, error) {
-	rec := &logRecorder{}
+func openWithLog(t *testing.T, rawURL string) (*dlock.Locker, *urltest.Warnings, error) {
+	rec := &urltest.Warnings{}
 	var mux driver.URLMux
 	opener := &redlock.URLOpener{Options: redlock.Options{NodeTimeout: testNodeTimeout, Locker: &dlock.Options{Logger: slog.New(rec)}}}
 	mux.RegisterLocker("redlocks", opener)
@@ -84,7 +52,7 @@ func TestRedlocksTLS(t *testing.T) {
 		if err := lease.Release(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		if w := rec.warnings(""); len(w) != 0 {
+		if w := rec.Containing(""); len(w) != 0 {
 			t.Errorf("warnings logged for verified TLS connections: %q", w)
 		}
 	})
@@ -99,7 +67,7 @@ func TestRedlocksTLS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if w := rec.warnings("skip_verify=true: the server's certificate is not checked"); len(w) != 1 {
+		if w := rec.Containing("skip_verify=true: the server's certificate is not checked"); len(w) != 1 {
 			t.Errorf("warnings about skip_verify: %q; want one", w)
 		}
 		if _, err := l.Inspect(t.Context(), uniqueKey(t)); err != nil {
