@@ -395,15 +395,19 @@ func (p *Proxy) pipe(l *link, dst, src net.Conn) {
 		if !p.awaitPass(l.dead) {
 			return
 		}
-		if _, err := dst.Write(c.data); err != nil {
-			l.kill()
-			return
-		}
 		if c.shot != nil {
-			// The request is delivered: its reply will not be.
+			// The request goes out now: its reply will not be delivered.
+			// Armed before the write: the target may answer, and the
+			// other direction read the answer, before Write returns
+			// (TestProxyDropReply failed 1 run in 200 so: the reply went
+			// through and the fault never fired).
 			l.mu.Lock()
 			l.dropReply = c.shot
 			l.mu.Unlock()
+		}
+		if _, err := dst.Write(c.data); err != nil {
+			l.kill()
+			return
 		}
 	}
 	// src ended: pass the half-close on.
