@@ -25,8 +25,8 @@ type flakyDriver struct {
 	lateCalls atomic.Int32
 }
 
-func (d *flakyDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
-	l, err := d.Driver.TryAcquire(ctx, key, ttl)
+func (d *flakyDriver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
+	l, err := d.Driver.TryAcquire(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -178,9 +178,9 @@ type slowRefresh struct {
 	granted time.Duration
 }
 
-func (d *slowDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+func (d *slowDriver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
 	time.Sleep(d.delay)
-	l, err := d.Driver.TryAcquire(ctx, key, ttl)
+	l, err := d.Driver.TryAcquire(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -435,11 +435,11 @@ type failingDriver struct {
 	attempts atomic.Int32
 }
 
-func (d *failingDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+func (d *failingDriver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
 	if d.attempts.Add(1) <= d.fail {
 		return nil, fmt.Errorf("%w: request dropped", backend.ErrUnavailable)
 	}
-	return d.Driver.TryAcquire(ctx, key, ttl)
+	return d.Driver.TryAcquire(ctx, req)
 }
 
 // Acquire rides out failed attempts fewer than FailedAttempts in a row,
@@ -589,8 +589,8 @@ type hangingDriver struct {
 	once    sync.Once
 }
 
-func (d *hangingDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
-	l, err := d.Driver.TryAcquire(ctx, key, ttl)
+func (d *hangingDriver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
+	l, err := d.Driver.TryAcquire(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -701,9 +701,11 @@ func (d *roundingDriver) granted(at time.Time, ttl time.Duration) {
 	}
 }
 
-func (d *roundingDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
-	now, ttl := time.Now(), d.round(ttl)
-	l, err := d.Driver.TryAcquire(ctx, key, ttl)
+func (d *roundingDriver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
+	now := time.Now()
+	req.TTL = d.round(req.TTL)
+	ttl := req.TTL
+	l, err := d.Driver.TryAcquire(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -798,8 +800,8 @@ type lossDriver struct {
 	released sync.Once
 }
 
-func (d *lossDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
-	l, err := d.Driver.TryAcquire(ctx, key, ttl)
+func (d *lossDriver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
+	l, err := d.Driver.TryAcquire(ctx, req)
 	if err != nil {
 		return nil, err
 	}

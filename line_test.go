@@ -20,9 +20,9 @@ type countingDriver struct {
 	attempts atomic.Int64
 }
 
-func (d *countingDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+func (d *countingDriver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
 	d.attempts.Add(1)
-	return d.Driver.TryAcquire(ctx, key, ttl)
+	return d.Driver.TryAcquire(ctx, req)
 }
 
 // Draining many waiters of one Locker on one key costs O(n) attempts: only
@@ -101,8 +101,8 @@ type gatedDriver struct {
 	gate func(ctx context.Context) chan struct{}
 }
 
-func (d *gatedDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
-	bl, err := d.Driver.TryAcquire(ctx, key, ttl)
+func (d *gatedDriver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
+	bl, err := d.Driver.TryAcquire(ctx, req)
 	if g := d.gate(ctx); g != nil {
 		select {
 		case <-g:

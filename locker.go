@@ -156,6 +156,14 @@ type AcquireOptions struct {
 	// but it is checked all the same: a negative MaxHold is refused
 	// (ErrInvalidConfig) with or without AutoRefresh.
 	MaxHold time.Duration
+	// Holder describes who holds the lock, for people and tools, e.g.
+	// "web-3/4242" (hostname/pid): every backend of this repository
+	// stores it with the lock, and Inspect returns it (LockInfo.Holder)
+	// while the lease is held. It is not an identity check: nothing is
+	// refused for a holder's name. At most 256 bytes of UTF-8 without
+	// control characters, or the acquire fails with ErrInvalidConfig
+	// before any I/O. Default "" (none).
+	Holder string
 }
 
 // Locker takes leases on keys from one backend. It is safe for concurrent use.
@@ -579,6 +587,9 @@ func (l *Locker) check(key string, ao *AcquireOptions) error {
 	if err := l.checkTTL(ao.TTL); err != nil {
 		return err
 	}
+	if err := backend.ValidateHolder(ao.Holder); err != nil {
+		return err
+	}
 	if ao.MaxHold < 0 {
 		return fmt.Errorf("%w: MaxHold %v is negative", ErrInvalidConfig, ao.MaxHold)
 	}
@@ -701,9 +712,9 @@ func (l *Locker) enter() error {
 }
 
 // try makes one attempt and wraps a grant in a Lease.
-func (l *Locker) try(ctx context.Context, key string, ao *AcquireOptions, acquire func(context.Context, string, time.Duration) (backend.Lease, error)) (*Lease, error) {
+func (l *Locker) try(ctx context.Context, key string, ao *AcquireOptions, acquire func(context.Context, backend.Request) (backend.Lease, error)) (*Lease, error) {
 	start := time.Now()
-	bl, err := acquire(ctx, key, ao.TTL)
+	bl, err := acquire(ctx, backend.Request{Key: key, TTL: ao.TTL, Holder: ao.Holder})
 	if err != nil {
 		return nil, err
 	}

@@ -292,8 +292,9 @@ func TestReleaseOfLostLeaseCancelsHangingBatch(t *testing.T) {
 // left of a reused server lease.
 type shortDriver struct{ backend.Driver }
 
-func (d shortDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
-	l, err := d.Driver.TryAcquire(ctx, key, ttl/10)
+func (d shortDriver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
+	req.TTL /= 10
+	l, err := d.Driver.TryAcquire(ctx, req)
 	if err != nil {
 		return nil, err
 	}

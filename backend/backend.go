@@ -35,6 +35,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -202,14 +203,15 @@ type Limits struct {
 // Driver is one backend instance: a connection (or connection pool) to the
 // servers, shared by all leases taken through one dlock.Locker.
 type Driver interface {
-	// TryAcquire makes one attempt to take the lock on key for ttl. When
+	// TryAcquire makes one attempt to take the lock on req.Key for req.TTL,
+	// storing req.Holder with it. When
 	// the key is held elsewhere it returns an error wrapping
 	// [ErrNotAcquired]; if it is a *[HeldError], RetryAfter bounds how
 	// long the key stays held.
 	//
 	// When TryAcquire returns an error other than ErrNotAcquired, the
 	// backend has undone whatever it may have written.
-	TryAcquire(ctx context.Context, key string, ttl time.Duration) (Lease, error)
+	TryAcquire(ctx context.Context, req Request) (Lease, error)
 	// ValidateKey applies the backend's own key rules, beyond the shared
 	// [ValidateKey]. The error wraps [ErrInvalidKey].
 	ValidateKey(key string) error
@@ -220,6 +222,44 @@ type Driver interface {
 	// Close releases the backend's resources. Clients the caller passed in
 	// are not closed; clients the backend built itself (from a URL) are.
 	Close() error
+}
+
+// Request is one acquire, as the dlock layer hands it to [Driver.TryAcquire]
+// and [Queuer.Acquire].
+type Request struct {
+	// Key is the lock key. It has passed [ValidateKey] and
+	// [Driver.ValidateKey].
+	Key string
+	// TTL is the lease time asked for: > 0 and within [Limits].
+	TTL time.Duration
+	// Holder describes who holds the lock (dlock.AcquireOptions.Holder),
+	// "" for nobody in particular. It has passed [ValidateHolder]. The
+	// backend stores it with the lock, atomically with the grant, and its
+	// [Inspector] returns it in [LockInfo].Holder while the lease is held.
+	Holder string
+}
+
+// MaxHolderLen is the longest holder description, in bytes, that dlock
+// accepts.
+const MaxHolderLen = 256
+
+// ValidateHolder checks a holder description: at most [MaxHolderLen] bytes
+// of valid UTF-8 without control characters (it is shown by `dlock
+// inspect` and in logs, and must not be able to move a terminal's cursor).
+// The error wraps [ErrInvalidConfig].
+func ValidateHolder(h string) error {
+	switch {
+	case len(h) > MaxHolderLen:
+		return fmt.Errorf("%w: holder: %d bytes, longer than %d", ErrInvalidConfig, len(h), MaxHolderLen)
+	case !utf8.ValidString(h):
+		return fmt.Errorf("%w: holder: not valid UTF-8", ErrInvalidConfig)
+	}
+	for i, r := range h {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("%w: holder: control character %U at byte %d", ErrInvalidConfig, r, i)
+		}
+	}
+	return nil
 }
 
 // Lease is one held lock, as returned by [Driver.TryAcquire].
@@ -277,7 +317,7 @@ type Waiter interface {
 // layer's Acquire then calls Queuer.Acquire instead of its own
 // try-and-wait loop; TryAcquire still calls [Driver.TryAcquire].
 type Queuer interface {
-	// Acquire joins the queue for key and returns when the lock is
+	// Acquire joins the queue for req.Key and returns when the lock is
 	// granted. When ctx ends first it returns an error wrapping ctx.Err()
 	// (and [ErrNotAcquired]) and removes this waiter from the server, at
 	// once or in the background after returning (bounded; Close waits for
@@ -286,7 +326,7 @@ type Queuer interface {
 	// waiter whose lease is lost while queued returns an error, never a
 	// grant. The returned Lease's TTL counts from the moment given by
 	// [Anchored] if it implements it, else from the start of the call.
-	Acquire(ctx context.Context, key string, ttl time.Duration) (Lease, error)
+	Acquire(ctx context.Context, req Request) (Lease, error)
 }
 
 // Anchored is implemented by a [Lease] whose TTL counts from a request other
@@ -365,10 +405,30 @@ type LockInfo struct {
 	// it, or 0 when the key is free or the backend cannot tell (a
 	// ZooKeeper lock lasts as long as its holder's session).
 	TTL time.Duration
+	// Holder is the holder's description ([Request].Holder), "" when the
+	// key is free or the holder gave none.
+	Holder string
 	// Waiters is the number of waiters queued on the server behind the
 	// holder, or -1 when the backend cannot tell (Redis and Redlock keep
 	// no queue: their waiters poll or watch from their own processes).
 	Waiters int
+}
+
+// ChangeWatcher is implemented by a [Driver] that learns from its servers
+// when the holder of a key changes (etcd: a watch on the key's range;
+// ZooKeeper: a child watch), so that an observer of a key (an election's
+// follower, dlock.ElectionOptions.OnLeader) need not poll. Without it, the
+// dlock layer polls [Inspector.Inspect].
+type ChangeWatcher interface {
+	// WatchChanges starts watching key. It returns once the watch is in
+	// force: every change of key's holder after that (a grant, a release,
+	// an expiry, a waiter joining or leaving the queue) makes the channel
+	// receive. The channel holds one pending signal (changes in a burst
+	// may merge into one receive) and spurious receives are allowed. The
+	// channel is closed when the watch ends by itself (the connection or
+	// session was lost); the caller then reads the state again and
+	// watches anew. stop ends the watch and must be called exactly once.
+	WatchChanges(ctx context.Context, key string) (changed <-chan struct{}, stop func(), err error)
 }
 
 // Inspector is implemented by a [Driver] that can read the state of its locks

@@ -519,7 +519,8 @@ func acquireErr(ctx context.Context, err error) error {
 // TryAcquire makes one attempt: it joins the queue and, unless first,
 // leaves it at once (deleting its key; its lease goes back to the pool) and
 // reports the key as held.
-func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
+	key, ttl := req.Key, req.TTL
 	w, first, err := d.enqueue(ctx, key, ttl)
 	if err != nil {
 		return nil, acquireErr(ctx, err)
@@ -544,7 +545,8 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 // fails with ErrUnavailable. A failed read (an election, say) is retried
 // until then: it does not fail Acquire by itself. On any error or
 // cancellation the lease is revoked, which removes the waiter key.
-func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+func (d *Driver) Acquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
+	key, ttl := req.Key, req.TTL
 	w, first, err := d.enqueue(ctx, key, ttl)
 	if err != nil {
 		return nil, acquireErr(ctx, err)

@@ -87,6 +87,7 @@ type Store struct {
 
 type grant struct {
 	token   uint64
+	holder  string // backend.Request.Holder
 	expires time.Time
 	reason  error       // why it was dropped, other than by Release
 	onLost  func(error) // the holder's loss callback (NotifyLoss)
@@ -194,7 +195,8 @@ func (d *Driver) Guarantees() backend.Guarantees {
 func (d *Driver) Close() error { return nil }
 
 // TryAcquire implements backend.Driver.
-func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
+	key, ttl := req.Key, req.TTL
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("%w: %w", backend.ErrUnavailable, err)
 	}
@@ -206,7 +208,7 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 		return nil, &backend.HeldError{RetryAfter: g.expires.Sub(now)}
 	}
 	s.tokens[key]++
-	g := &grant{token: s.tokens[key], expires: now.Add(ttl)}
+	g := &grant{token: s.tokens[key], holder: req.Holder, expires: now.Add(ttl)}
 	s.locks[key] = g
 	return &lease{s: s, key: key, g: g, ttl: ttl}, nil
 }
@@ -303,7 +305,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, err
 	if left <= 0 {
 		return backend.LockInfo{Waiters: -1}, nil
 	}
-	return backend.LockInfo{Held: true, Token: backend.Token(g.token), TTL: left, Waiters: -1}, nil
+	return backend.LockInfo{Held: true, Token: backend.Token(g.token), TTL: left, Holder: g.holder, Waiters: -1}, nil
 }
 
 // Keys implements backend.Inspector: the keys of the store that are held.

@@ -1,13 +1,11 @@
 package memory_test
 
 import (
-	"time"
-
 	"context"
-	"github.com/dlock-go/dlock/backend"
 	"testing"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/conformance"
 	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/memory"
@@ -41,8 +39,8 @@ func TestConformance(t *testing.T) {
 // detection, as a backend without wake-ups or loss notification gets them.
 type plainDriver struct{ backend.Driver }
 
-func (d plainDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
-	l, err := d.Driver.TryAcquire(ctx, key, ttl)
+func (d plainDriver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
+	l, err := d.Driver.TryAcquire(ctx, req)
 	if err != nil {
 		return nil, err
 	}

@@ -32,11 +32,11 @@ type spyDriver struct {
 	spans []trace.SpanContext
 }
 
-func (d *spyDriver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+func (d *spyDriver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
 	d.mu.Lock()
 	d.spans = append(d.spans, trace.SpanContextFromContext(ctx))
 	d.mu.Unlock()
-	return d.Driver.TryAcquire(ctx, key, ttl)
+	return d.Driver.TryAcquire(ctx, req)
 }
 
 // collect reads the metrics, by name.

@@ -559,7 +559,8 @@ func ttlMillis(ttl time.Duration) (int64, error) {
 // that ignores ctx's cancellation, on a client whose ContextTimeoutEnabled
 // is set; see the package documentation) and returns an error wrapping
 // [backend.ErrUnavailable].
-func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
+	key, ttl := req.Key, req.TTL
 	ms, err := ttlMillis(ttl)
 	if err != nil {
 		return nil, err

@@ -189,7 +189,7 @@ func TestWaitTimeoutBoundsTTL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	if _, err := d.TryAcquire(t.Context(), "k", time.Second); !errors.Is(err, backend.ErrInvalidTTL) {
+	if _, err := d.TryAcquire(t.Context(), backend.Request{Key: "k", TTL: time.Second}); !errors.Is(err, backend.ErrInvalidTTL) {
 		t.Errorf("TryAcquire with TTL = WaitTimeout: %v, want ErrInvalidTTL", err)
 	}
 }

@@ -161,7 +161,8 @@ func stateOf(r reply) nodeState {
 // failed attempt deletes the key where it may have been set (nodes that
 // granted, or whose reply was lost or is still to come), in the
 // background: nodes that refused hold nothing of ours.
-func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
+	key, ttl := req.Key, req.TTL
 	ms := ttl.Milliseconds()
 	l := &lease{d: d, keys: d.keys(key), value: newValue(), ttl: time.Duration(ms) * time.Millisecond, nodes: make([]nodeState, len(d.nodes)), covered: make([]bool, len(d.nodes))}
 	start := time.Now()

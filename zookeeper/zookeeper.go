@@ -1140,7 +1140,8 @@ func (l *lease) grant() *lease {
 // lock is held, our node is deleted before TryAcquire returns (within
 // leaveTimeout; otherwise in the background). Two round trips when the lock
 // is free: the create, then the listing and the read of our node together.
-func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
+	key, ttl := req.Key, req.TTL
 	parent := d.parent(key)
 	node, err := d.create(ctx, parent)
 	if err != nil {
@@ -1170,7 +1171,8 @@ func (d *Driver) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 // node exists, a waiter rides out connection losses and rounds of the
 // client that reach no server: only a cut-off longer than the session
 // timeout (plus cutOffMargin) ends its wait (see await and again).
-func (d *Driver) Acquire(ctx context.Context, key string, ttl time.Duration) (backend.Lease, error) {
+func (d *Driver) Acquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
+	key, ttl := req.Key, req.TTL
 	parent := d.parent(key)
 	node, err := d.create(ctx, parent)
 	if err != nil {

@@ -46,7 +46,7 @@ func TestRefreshBatchOnFrozenMember(t *testing.T) {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			bl, err := d.TryAcquire(t.Context(), fmt.Sprintf("%s.%d", key, i), time.Minute)
+			bl, err := d.TryAcquire(t.Context(), backend.Request{Key: fmt.Sprintf("%s.%d", key, i), TTL: time.Minute})
 			if err != nil {
 				mu.Lock()
 				firstErr = cmpOr(firstErr, err)

@@ -136,7 +136,7 @@ func testRefreshBatch(t *testing.T, c goredis.UniversalClient, admin *goredis.Cl
 	leases := make([]backend.Lease, n)
 	for i := range leases {
 		keys[i] = uniqueKey(t)
-		l, err := d.TryAcquire(t.Context(), keys[i], 5*time.Second)
+		l, err := d.TryAcquire(t.Context(), backend.Request{Key: keys[i], TTL: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

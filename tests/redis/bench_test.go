@@ -13,6 +13,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/conformance"
 	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/redis"
@@ -71,7 +72,7 @@ func BenchmarkCycle(b *testing.B) {
 		}},
 		{"dlock", func(key string) func() error {
 			return func() error {
-				le, err := d.TryAcquire(ctx, key, 30*time.Second)
+				le, err := d.TryAcquire(ctx, backend.Request{Key: key, TTL: 30 * time.Second})
 				if err != nil {
 					return err
 				}

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/redis"
 )
 
@@ -21,7 +22,7 @@ func TestFenceCounterExpires(t *testing.T) {
 
 	var last uint64
 	for i := range 2 {
-		l, err := d.TryAcquire(t.Context(), key, ttl)
+		l, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: ttl})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -77,7 +78,7 @@ func TestFenceCounterRetention(t *testing.T) {
 	}
 	grantTTL := func(d *redis.Driver, key string) uint64 {
 		t.Helper()
-		l, err := d.TryAcquire(t.Context(), key, ttl)
+		l, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: ttl})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -40,7 +40,7 @@ func TestConcurrentCallsSharePipelines(t *testing.T) {
 	// A lone caller: no pipeline.
 	key := uniqueKey(t)
 	for range 20 {
-		l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+		l, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,7 +69,7 @@ func TestConcurrentCallsSharePipelines(t *testing.T) {
 					}
 					close(flushd)
 				}
-				l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+				l, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: 10 * time.Second})
 				if err != nil {
 					t.Errorf("cycle %d: TryAcquire: %v", i, err)
 					return
@@ -124,7 +124,7 @@ func TestPipelinedAcquireCutLeavesNothing(t *testing.T) {
 				// Deadlines from 0 to ~3 ms: some end before the
 				// reply, some after.
 				ctx, cancel := context.WithTimeout(t.Context(), time.Duration((w*attempts+i)%31)*100*time.Microsecond)
-				l, err := d.TryAcquire(ctx, key, 10*time.Second)
+				l, err := d.TryAcquire(ctx, backend.Request{Key: key, TTL: 10 * time.Second})
 				cancel()
 				if err == nil {
 					granted.Add(1)
@@ -214,7 +214,7 @@ func TestPipelinedAcquireCutThenResent(t *testing.T) {
 	other := make(chan error, 1)
 	go func() {
 		key := strings.TrimSuffix(strings.TrimPrefix(h.key, redis.DefaultPrefix+"{"), "}")
-		l, err := d.TryAcquire(context.Background(), key, time.Minute)
+		l, err := d.TryAcquire(context.Background(), backend.Request{Key: key, TTL: time.Minute})
 		if err == nil {
 			err = l.Release(context.Background())
 		}
@@ -232,7 +232,7 @@ func TestPipelinedAcquireCutThenResent(t *testing.T) {
 	p.armed.Store(true)
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
-	_, err := d.TryAcquire(ctx, key, time.Minute)
+	_, err := d.TryAcquire(ctx, backend.Request{Key: key, TTL: time.Minute})
 	if p.armed.Load() {
 		t.Fatal("the proxy never saw the acquire script")
 	}

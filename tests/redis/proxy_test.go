@@ -133,7 +133,7 @@ func TestAcquireReplyLostAndRetried(t *testing.T) {
 	key := uniqueKey(t)
 
 	p.armed.Store(true)
-	l, err := d.TryAcquire(t.Context(), key, time.Minute)
+	l, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: time.Minute})
 	if p.armed.Load() {
 		t.Fatal("the proxy never saw the acquire script")
 	}
@@ -162,7 +162,7 @@ func TestAcquireReplyLostCleansUp(t *testing.T) {
 	key := uniqueKey(t)
 
 	p.armed.Store(true)
-	_, err := d.TryAcquire(t.Context(), key, time.Minute)
+	_, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: time.Minute})
 	if p.armed.Load() {
 		t.Fatal("the proxy never saw the acquire script")
 	}
@@ -173,7 +173,7 @@ func TestAcquireReplyLostCleansUp(t *testing.T) {
 		t.Fatal("the lock taken by the failed acquire was left behind")
 	}
 	// And the key is free for others at once.
-	l, err := newDriver(t, admin, nil).TryAcquire(t.Context(), key, time.Minute)
+	l, err := newDriver(t, admin, nil).TryAcquire(t.Context(), backend.Request{Key: key, TTL: time.Minute})
 	if err != nil {
 		t.Fatalf("TryAcquire after the cleanup: %v", err)
 	}
@@ -194,7 +194,7 @@ func TestAcquireCancelledInFlightCleansUp(t *testing.T) {
 	p.armed.Store(true)
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
-	_, err := d.TryAcquire(ctx, key, time.Minute)
+	_, err := d.TryAcquire(ctx, backend.Request{Key: key, TTL: time.Minute})
 	if p.armed.Load() {
 		t.Fatal("the proxy never saw the acquire script")
 	}

@@ -30,7 +30,7 @@ func TestWaitReplicasNotBypassed(t *testing.T) {
 	const waitTimeout = 200 * time.Millisecond
 	noLease := func(t *testing.T, d *redis.Driver, key string) error {
 		t.Helper()
-		l, err := d.TryAcquire(t.Context(), key, time.Minute)
+		l, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: time.Minute})
 		if err == nil {
 			t.Fatalf("a lease (token %d) with WaitReplicas 1 although the only replica is frozen and acknowledged nothing", l.Token())
 		}

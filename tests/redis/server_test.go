@@ -75,7 +75,7 @@ func TestTokensIncrease(t *testing.T) {
 		if i%2 == 1 {
 			d = d2
 		}
-		l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+		l, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -92,7 +92,7 @@ func TestTokensIncrease(t *testing.T) {
 // grant takes and releases the lock on key through d, and returns the token.
 func grant(t *testing.T, d *redis.Driver, key string) uint64 {
 	t.Helper()
-	l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+	l, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func TestHeldAndOwnership(t *testing.T) {
 	key := uniqueKey(t)
 
 	// Sub-millisecond parts are truncated and reported.
-	l, err := d.TryAcquire(ctx, key, 20*time.Second+1500*time.Microsecond)
+	l, err := d.TryAcquire(ctx, backend.Request{Key: key, TTL: 20*time.Second + 1500*time.Microsecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func TestHeldAndOwnership(t *testing.T) {
 		t.Errorf("TTL() = %v, want %v", got, want)
 	}
 
-	_, err = d.TryAcquire(ctx, key, time.Second)
+	_, err = d.TryAcquire(ctx, backend.Request{Key: key, TTL: time.Second})
 	var held *backend.HeldError
 	if !errors.As(err, &held) || !errors.Is(err, backend.ErrNotAcquired) {
 		t.Fatalf("second TryAcquire = %v, want a HeldError", err)
@@ -227,7 +227,7 @@ func TestHeldAndOwnership(t *testing.T) {
 	c.Del(ctx, lockKey(key))
 
 	// Refresh never re-creates a missing key; double release is ErrNotHeld.
-	l, err = d.TryAcquire(ctx, key, time.Minute)
+	l, err = d.TryAcquire(ctx, backend.Request{Key: key, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,13 +250,13 @@ func TestExpiry(t *testing.T) {
 	c := serverClient(t)
 	d := newDriver(t, c, nil)
 	key := uniqueKey(t)
-	l, err := d.TryAcquire(t.Context(), key, 50*time.Millisecond)
+	l, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		l2, err := d.TryAcquire(t.Context(), key, time.Second)
+		l2, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: time.Second})
 		if err == nil {
 			if l2.Token() <= l.Token() {
 				t.Errorf("token after expiry %d, not above %d", l2.Token(), l.Token())
@@ -282,7 +282,7 @@ func TestScriptCacheFlushed(t *testing.T) {
 	if err := c.ScriptFlush(t.Context()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	l, err := d.TryAcquire(t.Context(), key, time.Second)
+	l, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,7 +304,7 @@ func TestWaitReplicas(t *testing.T) {
 	if err := c.ScriptFlush(t.Context()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, err := d.TryAcquire(t.Context(), key, time.Minute)
+	_, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: time.Minute})
 	if !errors.Is(err, backend.ErrUnavailable) || !strings.Contains(err.Error(), "WAIT: 0 of 1 replicas acknowledged") {
 		t.Fatalf("TryAcquire with WaitReplicas 1 and no replica = %v", err)
 	}
@@ -313,13 +313,13 @@ func TestWaitReplicas(t *testing.T) {
 	}
 
 	// Held: the HeldError comes through the pipeline too.
-	l, err := newDriver(t, c, nil).TryAcquire(t.Context(), key, time.Minute)
+	l, err := newDriver(t, c, nil).TryAcquire(t.Context(), backend.Request{Key: key, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Release(t.Context())
 	var held *backend.HeldError
-	if _, err := d.TryAcquire(t.Context(), key, time.Minute); !errors.As(err, &held) {
+	if _, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: time.Minute}); !errors.As(err, &held) {
 		t.Fatalf("TryAcquire of a held key with WaitReplicas = %v, want HeldError", err)
 	}
 }
@@ -332,7 +332,7 @@ func TestWatchWakesOnRelease(t *testing.T) {
 	key := uniqueKey(t)
 
 	for round := range 3 { // the channel is unsubscribed and subscribed again each round
-		l, err := holder.TryAcquire(ctx, key, time.Minute)
+		l, err := holder.TryAcquire(ctx, backend.Request{Key: key, TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -350,7 +350,7 @@ func TestWatchWakesOnRelease(t *testing.T) {
 		}
 		// The attempt after Watch marks the lock as waited for.
 		var held *backend.HeldError
-		if _, err := waiter.TryAcquire(ctx, key, time.Minute); !errors.As(err, &held) {
+		if _, err := waiter.TryAcquire(ctx, backend.Request{Key: key, TTL: time.Minute}); !errors.As(err, &held) {
 			t.Fatalf("round %d: TryAcquire of a held key = %v, want HeldError", round, err)
 		}
 		if err := l.Release(ctx); err != nil {
@@ -401,13 +401,13 @@ func TestReleasePublishesOnlyWhenWaitedFor(t *testing.T) {
 		return m.Payload
 	}
 	for _, waited := range []bool{false, true, false} {
-		l, err := d.TryAcquire(ctx, key, time.Minute)
+		l, err := d.TryAcquire(ctx, backend.Request{Key: key, TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if waited {
 			for range 2 { // the second attempt finds the mark and keeps it
-				if _, err := d.TryAcquire(ctx, key, time.Minute); !errors.Is(err, backend.ErrNotAcquired) {
+				if _, err := d.TryAcquire(ctx, backend.Request{Key: key, TTL: time.Minute}); !errors.Is(err, backend.ErrNotAcquired) {
 					t.Fatalf("TryAcquire of a held key = %v, want ErrNotAcquired", err)
 				}
 			}
@@ -622,7 +622,7 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := uniqueKey(t)
-	l, err := d.TryAcquire(t.Context(), key, time.Minute)
+	l, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -635,7 +635,7 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop2()
-	if _, err := d.TryAcquire(t.Context(), key, time.Minute); !errors.Is(err, backend.ErrNotAcquired) {
+	if _, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: time.Minute}); !errors.Is(err, backend.ErrNotAcquired) {
 		t.Fatalf("TryAcquire of a held key = %v, want ErrNotAcquired", err) // and marks it waited for
 	}
 	if err := l.Release(t.Context()); err != nil {

@@ -56,7 +56,7 @@ func TestAcquireFailsOnceMajorityImpossible(t *testing.T) {
 		p.Blackhole()
 	}
 	begin := time.Now()
-	_, err = d.TryAcquire(t.Context(), key, 30*time.Second) // per-node timeout: min(2s, 3s)
+	_, err = d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: 30 * time.Second}) // per-node timeout: min(2s, 3s)
 	took := time.Since(begin)
 	for _, p := range links {
 		p.Heal()
@@ -106,7 +106,7 @@ func TestReleaseOnlyWhereItMayHold(t *testing.T) {
 	for i, h := range hooks {
 		before[i] = h.count()
 	}
-	l, err := d.TryAcquire(t.Context(), key, 30*time.Second)
+	l, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +208,7 @@ func TestRefreshBatch(t *testing.T) {
 	base := uniqueKey(t)
 	var reqs []backend.RefreshRequest
 	for k := range held + 2 {
-		l, err := d.TryAcquire(t.Context(), fmt.Sprintf("%s-%d", base, k), 2*time.Second)
+		l, err := d.TryAcquire(t.Context(), backend.Request{Key: fmt.Sprintf("%s-%d", base, k), TTL: 2 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,6 +8,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/redisx/redisscript"
 	"github.com/dlock-go/dlock/redlock"
 	"github.com/dlock-go/dlock/tests/servers"
@@ -63,7 +64,7 @@ func TestNoScriptKeepsOrderInPipeline(t *testing.T) {
 
 	// The blocker: a lease held on every node, released while node 2 is
 	// slow.
-	blocker, err := d.TryAcquire(ctx, uniqueKey(t), ttl)
+	blocker, err := d.TryAcquire(ctx, backend.Request{Key: uniqueKey(t), TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +80,7 @@ func TestNoScriptKeepsOrderInPipeline(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := uniqueKey(t)
-	le, err := d.TryAcquire(ctx, key, ttl) // granted by nodes 0 and 1; node 2's acquire queued
+	le, err := d.TryAcquire(ctx, backend.Request{Key: key, TTL: ttl}) // granted by nodes 0 and 1; node 2's acquire queued
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/redlock"
 	"github.com/dlock-go/dlock/tests/servers"
 )
@@ -81,7 +82,7 @@ func TestCycleTwoScriptsPerNode(t *testing.T) {
 	}
 	var last uint64
 	for range cycles {
-		l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+		l, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -148,7 +149,7 @@ func TestWriteBackToNodeFarBehind(t *testing.T) {
 		t.Fatal(err)
 	}
 	majorityWith0(t, admin, key, time.Second)
-	l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+	l, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,13 +171,13 @@ func TestWriteBackToNodeFarBehind(t *testing.T) {
 	expiredEverywhere(t, admin[:3], key)
 
 	// Expiry without release, clocks in step: the next token is larger.
-	l1, err := d.TryAcquire(t.Context(), key, 50*time.Millisecond)
+	l1, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var l2tok uint64
 	if !waitFor(10*time.Second, func() bool {
-		l2, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+		l2, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: 10 * time.Second})
 		if err != nil {
 			return false
 		}
@@ -217,7 +218,7 @@ func TestTokensExactBeyond2To53(t *testing.T) {
 	}
 	last := uint64(start)
 	for i := range 4 {
-		l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+		l, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -270,7 +271,7 @@ func nextTokenWithNode0Paused(t *testing.T, ss []*servers.Server, d *redlock.Dri
 			t.Error(err)
 		}
 	}()
-	l, err := d.TryAcquire(t.Context(), key, 10*time.Second)
+	l, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +303,7 @@ func TestRefreshShorterRaisesCounters(t *testing.T) {
 		t.Fatal(err)
 	}
 	majorityWith0(t, admin, key, time.Second)
-	l1, err := d.TryAcquire(t.Context(), key, 30*time.Second)
+	l1, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,7 +350,7 @@ func TestExpiryAfterClockRule(t *testing.T) {
 				t.Fatal(err)
 			}
 			majorityWith0(t, admin, key, ttl/2)
-			l1, err := d1.TryAcquire(t.Context(), key, ttl)
+			l1, err := d1.TryAcquire(t.Context(), backend.Request{Key: key, TTL: ttl})
 			if err != nil {
 				t.Fatal(err)
 			}

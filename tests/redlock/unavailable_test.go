@@ -52,7 +52,7 @@ func TestUnavailableIsNotCallersDeadline(t *testing.T) {
 	held := uniqueKey(t) + ".held"
 	var le backend.Lease
 	for i := 0; i < 20; i++ {
-		if le, err = d.TryAcquire(t.Context(), held, ttl); err == nil {
+		if le, err = d.TryAcquire(t.Context(), backend.Request{Key: held, TTL: ttl}); err == nil {
 			break
 		}
 	}
@@ -84,7 +84,7 @@ func TestUnavailableIsNotCallersDeadline(t *testing.T) {
 		}
 	}
 	key := uniqueKey(t)
-	_, err = d.TryAcquire(t.Context(), key, ttl)
+	_, err = d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: ttl})
 	check("Driver.TryAcquire", err)
 	_, err = l.TryAcquire(t.Context(), key, &dlock.AcquireOptions{TTL: ttl})
 	check("Locker.TryAcquire", err)
@@ -99,7 +99,7 @@ func TestUnavailableIsNotCallersDeadline(t *testing.T) {
 	// attempt: that is the caller's doing.
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
-	_, err = d.TryAcquire(ctx, key, ttl)
+	_, err = d.TryAcquire(ctx, backend.Request{Key: key, TTL: ttl})
 	if !errors.Is(err, backend.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("TryAcquire whose context ended = %v; want ErrNotAcquired and context.DeadlineExceeded", err)
 	}

@@ -45,7 +45,7 @@ func TestDriverRefusesGrantPastValidity(t *testing.T) {
 		// Wait (polling, generously bounded) until the grant has lapsed
 		// on a majority: the other Driver gets the key.
 		for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-			if le, err := other.TryAcquire(t.Context(), key, 30*time.Second); err == nil {
+			if le, err := other.TryAcquire(t.Context(), backend.Request{Key: key, TTL: 30 * time.Second}); err == nil {
 				taken = le
 				return
 			}
@@ -55,7 +55,7 @@ func TestDriverRefusesGrantPastValidity(t *testing.T) {
 	// On a loaded machine a round may fail without a majority (nothing
 	// to test then; the failed attempt cleans up after itself): try again.
 	for i := 0; i < 20 && !paused; i++ {
-		le, err = d.TryAcquire(t.Context(), key, ttl)
+		le, err = d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: ttl})
 	}
 	if !paused {
 		t.Fatalf("no majority granted in 20 attempts (last: %v)", err)

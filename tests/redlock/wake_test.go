@@ -148,7 +148,7 @@ func checkWatch(t *testing.T, d *redlock.Driver) {
 		t.Fatal("*redlock.Driver does not implement backend.Waiter")
 	}
 	key := uniqueKey(t)
-	held, err := d.TryAcquire(t.Context(), key, time.Minute)
+	held, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +159,7 @@ func checkWatch(t *testing.T, d *redlock.Driver) {
 	}
 	defer stop()
 	t.Logf("Watch returned after %v", time.Since(begin).Round(time.Millisecond))
-	if _, err := d.TryAcquire(t.Context(), key, time.Minute); !errors.Is(err, backend.ErrNotAcquired) {
+	if _, err := d.TryAcquire(t.Context(), backend.Request{Key: key, TTL: time.Minute}); !errors.Is(err, backend.ErrNotAcquired) {
 		t.Fatalf("TryAcquire of the held key = %v, want ErrNotAcquired", err)
 	}
 	select {

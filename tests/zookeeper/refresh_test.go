@@ -229,7 +229,7 @@ func TestBatchRefresh(t *testing.T) {
 	reqs := make([]backend.RefreshRequest, n)
 	key := uniqueKey(t)
 	for i := range reqs {
-		le, err := d.TryAcquire(t.Context(), fmt.Sprintf("%s-%d", key, i), 30*time.Second)
+		le, err := d.TryAcquire(t.Context(), backend.Request{Key: fmt.Sprintf("%s-%d", key, i), TTL: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
