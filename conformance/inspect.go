@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/driver"
 )
 
@@ -26,7 +27,8 @@ type InspectCaps struct {
 // RunInspect checks Locker.Inspect and driver.Keys on a backend that
 // implements backend.Inspector: a free key reads free, a held one reads
 // held with the holder's token and a TTL in (0, granted], a queued waiter
-// is counted (where caps.Waiters), Keys lists a held key, a released key
+// is counted (where caps.Waiters), the holder description given to the
+// acquire is returned (and a bad one refused before any I/O), Keys lists a held key, a released key
 // reads free again, and bad input is refused with a typed error before any
 // I/O.
 func RunInspect(t *testing.T, newHarness HarnessMaker, caps InspectCaps) {
@@ -122,6 +124,48 @@ func RunInspect(t *testing.T, newHarness HarnessMaker, caps InspectCaps) {
 		if slices.Contains(keys, k) {
 			t.Errorf("Keys(allKeys) = %q, lists the released key %q", keys, k)
 		}
+	})
+
+	t.Run("Holder", func(t *testing.T) {
+		k := key(t)
+		ttl := max(10*time.Second, s.lim.MinTTL)
+		// Bad descriptions are refused before any I/O: the context is
+		// cancelled, so a backend that did I/O first would fail with
+		// ErrUnavailable.
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		for _, h := range []string{strings.Repeat("h", backend.MaxHolderLen+1), "a\x1b[2Jb", "\xff"} {
+			_, err := b.TryAcquire(cctx, k, &dlock.AcquireOptions{TTL: ttl, Holder: h})
+			if !errors.Is(err, dlock.ErrInvalidConfig) {
+				t.Errorf("TryAcquire with holder %.20q…: got %v, want an error matching ErrInvalidConfig", h, err)
+			}
+		}
+		for _, h := range []string{"web-3/4242 ünïcode ☃", strings.Repeat("é", backend.MaxHolderLen/2)} {
+			le := acquire(t, b, k, &dlock.AcquireOptions{TTL: ttl, Holder: h, AutoRefresh: true})
+			info, err := a.Inspect(ctx, k)
+			if err != nil {
+				t.Fatalf("Inspect(held %q): %v", k, err)
+			}
+			if !info.Held || info.Holder != h {
+				t.Errorf("Inspect(held key) = %+v, want held by %.30q…", info, h)
+			}
+			if err := le.Refresh(ctx, ttl); err != nil {
+				t.Fatalf("Refresh: %v", err)
+			}
+			if info, err := a.Inspect(ctx, k); err != nil || info.Holder != h {
+				t.Errorf("Inspect after Refresh = %+v, %v, want held by %.30q…", info, err, h)
+			}
+			release(t, le)
+			if info, err := a.Inspect(ctx, k); err != nil || info.Held || info.Holder != "" {
+				t.Errorf("Inspect(released key) = %+v, %v, want free, no holder", info, err)
+			}
+		}
+		// No description: none is reported.
+		le := acquire(t, b, k, &dlock.AcquireOptions{TTL: ttl})
+		if info, err := a.Inspect(ctx, k); err != nil || !info.Held || info.Holder != "" {
+			t.Errorf("Inspect(key held without a holder) = %+v, %v, want held, no holder", info, err)
+		}
+		release(t, le)
 	})
 
 	if caps.Waiters {
