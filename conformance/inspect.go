@@ -168,6 +168,10 @@ func RunInspect(t *testing.T, newHarness HarnessMaker, caps InspectCaps) {
 		release(t, le)
 	})
 
+	if cw, ok := driver.DriverOf(a).(backend.ChangeWatcher); ok {
+		t.Run("WatchChanges", func(t *testing.T) { watchChanges(t, cw, b, s.lim) })
+	}
+
 	if caps.Waiters {
 		t.Run("Waiters", func(t *testing.T) {
 			k := key(t)
@@ -192,6 +196,42 @@ func RunInspect(t *testing.T, newHarness HarnessMaker, caps InspectCaps) {
 			release(t, le)
 		})
 	}
+}
+
+// watchChanges checks a backend.ChangeWatcher: a grant and a release by
+// another Locker are each reported within slack, and stop ends the watch.
+func watchChanges(t *testing.T, cw backend.ChangeWatcher, other *dlock.Locker, lim dlock.Limits) {
+	ctx := t.Context()
+	k := key(t)
+	ch, stop, err := cw.WatchChanges(ctx, k)
+	if err != nil {
+		t.Fatalf("WatchChanges: %v", err)
+	}
+	defer stop()
+	select {
+	case _, ok := <-ch:
+		// A spurious receive is allowed, once; a closed channel is not
+		// (the watch ended by itself with nothing wrong).
+		if !ok {
+			t.Fatal("WatchChanges: the channel was closed before any change")
+		}
+	default:
+	}
+	expect := func(what string) {
+		t.Helper()
+		select {
+		case _, ok := <-ch:
+			if !ok {
+				t.Fatalf("WatchChanges: the channel was closed, want a receive on %s", what)
+			}
+		case <-time.After(slack):
+			t.Fatalf("WatchChanges: nothing received within %v of %s", slack, what)
+		}
+	}
+	le := acquire(t, other, k, &dlock.AcquireOptions{TTL: max(10*time.Second, lim.MinTTL), Holder: "watched"})
+	expect("a grant")
+	release(t, le)
+	expect("a release")
 }
 
 // pollInspect inspects key until ok says yes, within slack.
