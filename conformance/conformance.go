@@ -87,6 +87,7 @@ func Run(t *testing.T, newHarness HarnessMaker) {
 	// count against it.
 	t.Run("CancelledAcquireLeavesNothing", s.cancelledAcquire)
 	t.Run("CancelRacingGrant", s.cancelRacingGrant)
+	t.Run("ElectionLeavesNothing", s.electionLeavesNothing)
 	t.Run("parallel", func(t *testing.T) {
 		for _, c := range []struct {
 			name string
@@ -114,6 +115,10 @@ func Run(t *testing.T, newHarness HarnessMaker) {
 			{"MiddleWaiterGivesUp", s.middleWaiterGivesUp},
 			{"WaitLongerThanTTL", s.waitLongerThanTTL},
 			{"QuietClose", s.quietClose},
+			{"ElectionBadInput", s.electionBadInput},
+			{"ElectionResign", s.electionResign},
+			{"ElectionLoss", s.electionLoss},
+			{"ElectionHistory", s.electionHistory},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				t.Parallel()

@@ -194,6 +194,28 @@ func (h *History) acquire(ctx context.Context, client string, l *dlock.Locker, k
 	return r, nil
 }
 
+// Granted records le, granted to client outside the History — to the
+// leader of a dlock.Election, which receives its lease — as an Acquire
+// invoked at invoked and returned now, and watches it for loss as Acquire
+// does. Call GivenUp when the holder gives it up.
+func (h *History) Granted(client string, le *dlock.Lease, invoked time.Time) *Lease {
+	op := Op{Kind: Acquire, Client: client, Key: le.Key(), Wait: true, Start: invoked, End: time.Now(),
+		Token: le.Token(), TTL: le.TTL(), Deadline: le.Deadline()}
+	r := &Lease{Lease: le, h: h, client: client, id: h.Add(op), released: make(chan struct{})}
+	go r.watch()
+	return r
+}
+
+// GivenUp records that the holder stops using the lease now and that its
+// owner (a dlock.Election) releases it, as Release would record a release
+// invoked now, without calling Release.
+func (le *Lease) GivenUp() {
+	op := Op{Kind: Release, Client: le.client, Key: le.Key(), Lease: le.id, Start: time.Now(), Deadline: le.Deadline()}
+	le.once.Do(func() { close(le.released) })
+	op.End = op.Start
+	le.h.Add(op)
+}
+
 // Lease is a granted lease whose Release and loss are recorded. Its
 // embedded *dlock.Lease is the lease itself.
 type Lease struct {
