@@ -36,8 +36,19 @@
 //   - Acquire is one EVALSHA of acquire.lua: SET key value NX PX ttl GET
 //     and, if that took the lock, the token: the larger of the key's
 //     fencing counter + 1 and the server time in microseconds, written back
-//     to the counter (see Fencing tokens). The value is 16 bytes from
-//     crypto/rand, unique per grant. When the key is held, the script
+//     to the counter (see Fencing tokens). The value is the holder
+//     description (dlock.AcquireOptions.Holder, at most
+//     [backend.MaxHolderLen] bytes; nothing when it is empty) followed by
+//     the ownership part, 16 bytes from crypto/rand as 32 lower-case hex
+//     digits, unique per grant. The holder is thus stored with the lock,
+//     atomically with the grant, and lasts exactly as long; the scripts
+//     compare whole values, so it changes nothing in who owns the lock.
+//     [Driver.Inspect] returns it in LockInfo.Holder: what precedes the
+//     ownership part ("" for a value of another form, planted by something
+//     else). The ownership part comes last so that a value ends with '+'
+//     only when it is marked (below), whatever the holder's last character
+//     (a holder "C++" would otherwise pass for a mark and its release
+//     would go unpublished). When the key is held, the script
 //     returns its PTTL, which the dlock layer uses to bound its wait
 //     ([backend.HeldError]). The script may safely run twice: a resent
 //     acquire (go-redis retries commands after network errors) finds the

@@ -2,8 +2,6 @@ package redis
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -523,12 +521,9 @@ func (d *Driver) Close() error {
 	return err
 }
 
-// newValue returns a fresh ownership value: 16 random bytes, hex-encoded.
-func newValue() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go ≥ 1.24)
-	return hex.EncodeToString(b[:])
-}
+// newValue returns a fresh ownership value without a holder: 16 random
+// bytes, hex-encoded.
+func newValue() string { return redisscript.NewValue("") }
 
 // ttlMillis truncates ttl to whole milliseconds.
 func ttlMillis(ttl time.Duration) (int64, error) {
@@ -540,7 +535,8 @@ func ttlMillis(ttl time.Duration) (int64, error) {
 }
 
 // TryAcquire makes one attempt to take the lock, in one round trip: one
-// EVALSHA of acquire.lua (SET key value NX PX ttl GET, and, when the SET
+// EVALSHA of acquire.lua (SET key value NX PX ttl GET, the value carrying
+// req.Holder before the grant's ownership part, and, when the SET
 // took the lock, the token: the larger of the key's fencing counter + 1
 // and the server clock in microseconds, written back to the counter),
 // followed in the same pipeline by WAIT when WaitReplicas > 0 (without
@@ -575,9 +571,11 @@ func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.L
 	lk := fk[:len(fk)-len(fenceSuffix)]
 	l := &lease{d: d, keys: [2]string{lk, fk}, ttl: time.Duration(ms) * time.Millisecond}
 	// The script arguments live in the lease, boxed once: the value is
-	// sent again by Release and Refresh.
+	// sent again by Release and Refresh. It carries the holder
+	// description before the ownership part (redisscript.NewValue;
+	// without a holder, the ownership part alone, at no extra cost).
 	ta := d.ttlArgs(ms)
-	l.args = [4]any{newValue(), ta.ms}
+	l.args = [4]any{redisscript.NewValue(req.Holder), ta.ms}
 	args := l.args[:2]
 	if d.retention > 0 {
 		// No clock in the reply; the counter's TTL when the token is
@@ -667,7 +665,7 @@ func (d *Driver) acquireWait(ctx context.Context, keys []string, args []any) (re
 type lease struct {
 	d     *Driver
 	keys  [2]string // lock key, counter key
-	args  [4]any    // acquire.lua's ARGV: ownership value (string), TTL in ms (int64), "", counter TTL in ms (int64)
+	args  [4]any    // acquire.lua's ARGV: lock value (string: holder + ownership part), TTL in ms (int64), "", counter TTL in ms (int64)
 	token uint64
 	ttl   time.Duration
 }

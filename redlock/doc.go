@@ -15,7 +15,13 @@
 //     single-Redis acquire script (SET key value NX PX ttl, and a token from
 //     the node's counter) to all N nodes in parallel, each round trip cut at
 //     NodeTimeout (default 50ms, at most a tenth of the TTL), so an attempt
-//     costs the slowest round trip it needs, not their sum.
+//     costs the slowest round trip it needs, not their sum. The value is
+//     the same on every node, laid out as by the redis backend: the holder
+//     description (dlock.AcquireOptions.Holder; nothing when it is empty)
+//     followed by 32 hex digits from crypto/rand, unique per grant. So the
+//     holder is stored with the lock on each node, atomically with the
+//     node's grant, and [Driver.Inspect] returns it in LockInfo.Holder:
+//     the holder of the value a majority of the nodes holds.
 //   - It returns as soon as the outcome is decided, not when every node has
 //     answered: a grant once a majority (N/2+1) has granted with validity
 //     left (TTL − elapsed − drift > 0, drift = TTL × DriftFactor + 2ms); a

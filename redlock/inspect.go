@@ -19,10 +19,13 @@ func (d *Driver) inspectTimeout() time.Duration { return max(d.nodeTimeout, time
 // Inspect implements backend.Inspector. It reads the lock key, its PTTL and
 // its fencing counter on every node at once (each in one MULTI/EXEC,
 // within inspectTimeout), writing nothing, and at most a bounded prefix of
-// each value (a large value planted under the prefix is not read whole on
-// any node). The key is held when a majority
-// of the nodes hold it with the same ownership value; TTL is then the least
-// PTTL among them. Token is 0 (unknown): a grant's token is the largest
+// each value (enough for any value a grant writes; a large value planted
+// under the prefix is not read whole on any node). The key is held when a
+// majority of the nodes hold it with the same value; TTL is then the least
+// PTTL among them, and Holder the holder description that value carries
+// before the ownership part (the same on every node of a grant; see the
+// package documentation), "" for a value that no grant wrote (planted by
+// something else). Token is 0 (unknown): a grant's token is the largest
 // counter of the majority that answered first, and the nodes' counters
 // afterwards do not tell which that was. Waiters is -1 (no queue on the
 // servers). When too few nodes answer to tell, the error wraps
@@ -37,8 +40,16 @@ func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, err
 	})
 	failed := 0
 	var firstErr error
-	count := map[string]int{}
-	least := map[string]time.Duration{}
+	// A value is counted with whether it was cut at the bound: a value
+	// planted under the prefix that begins with another node's whole
+	// value is not the same value.
+	type value struct {
+		v       string
+		foreign bool
+	}
+	count := map[value]int{}
+	least := map[value]time.Duration{}
+	holder := map[value]string{}
 	for i, s := range snaps {
 		if errs[i] != nil {
 			failed++
@@ -50,21 +61,23 @@ func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, err
 		if !s.Held {
 			continue
 		}
-		count[s.Value]++
-		if t, ok := least[s.Value]; !ok || (s.PTTL > 0 && s.PTTL < t) || t == 0 {
-			least[s.Value] = s.PTTL
+		v := value{s.Value, s.Foreign}
+		count[v]++
+		holder[v] = s.Holder // a function of the value
+		if t, ok := least[v]; !ok || (s.PTTL > 0 && s.PTTL < t) || t == 0 {
+			least[v] = s.PTTL
 		}
 	}
 	best := 0
-	var value string
+	var major value
 	for v, n := range count {
 		if n > best {
-			best, value = n, v
+			best, major = n, v
 		}
 	}
 	switch {
 	case best >= d.quorum:
-		return backend.LockInfo{Held: true, TTL: least[value], Waiters: -1}, nil
+		return backend.LockInfo{Held: true, TTL: least[major], Holder: holder[major], Waiters: -1}, nil
 	case best+failed >= d.quorum:
 		return backend.LockInfo{}, fmt.Errorf("%w: redlock: %d of %d nodes did not answer, too many to tell whether the lock is held: %w",
 			backend.ErrUnavailable, failed, len(d.nodes), firstErr)

@@ -38,7 +38,7 @@ func (s nodeState) mayHold() bool { return s != stateNone }
 type lease struct {
 	d     *Driver
 	keys  []string // lock key, counter key
-	value string
+	value string   // the lock value: holder description + ownership part (redisscript.NewValue)
 	token uint64
 	ttl   time.Duration
 	// passes is the part of the grant's TTL within which a granting
@@ -145,7 +145,9 @@ func stateOf(r reply) nodeState {
 }
 
 // TryAcquire is one round of the Redlock algorithm: SET NX PX (with a token
-// from each node's counter, acquire.lua) on all nodes in parallel. It
+// from each node's counter, acquire.lua) on all nodes in parallel, of one
+// value on every node: req.Holder followed by the grant's ownership part
+// (redisscript.NewValue). It
 // returns as soon as the outcome is decided: a grant once a majority has
 // granted (with validity left: TTL − elapsed − drift > 0), a refusal once
 // too many nodes have refused or failed for a majority to be possible. The
@@ -164,7 +166,7 @@ func stateOf(r reply) nodeState {
 func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
 	key, ttl := req.Key, req.TTL
 	ms := ttl.Milliseconds()
-	l := &lease{d: d, keys: d.keys(key), value: newValue(), ttl: time.Duration(ms) * time.Millisecond, nodes: make([]nodeState, len(d.nodes)), covered: make([]bool, len(d.nodes))}
+	l := &lease{d: d, keys: d.keys(key), value: redisscript.NewValue(req.Holder), ttl: time.Duration(ms) * time.Millisecond, nodes: make([]nodeState, len(d.nodes)), covered: make([]bool, len(d.nodes))}
 	start := time.Now()
 	timeout := d.nodeTimeoutFor(ttl)
 	// "clock": the grant's reply carries the node's clock too.

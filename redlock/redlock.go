@@ -2,8 +2,6 @@ package redlock
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -401,8 +399,6 @@ func (d *Driver) Close() error {
 	return nil
 }
 
-func newValue() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
+// newValue returns a fresh ownership value without a holder: 16 random
+// bytes, hex-encoded.
+func newValue() string { return redisscript.NewValue("") }

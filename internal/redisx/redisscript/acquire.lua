@@ -2,7 +2,9 @@
 --
 -- KEYS[1]: the lock key
 -- KEYS[2]: the fencing counter key (same hash slot as KEYS[1])
--- ARGV[1]: the ownership value, unique per grant
+-- ARGV[1]: the lock value, unique per grant: the holder description, then
+--          32 hex digits (NewValue in value.go); compared whole, and never
+--          ending with '+' (the mark, below)
 -- ARGV[2]: the TTL in whole milliseconds
 -- ARGV[3]: optional; 'clock' makes a grant's reply carry the server clock
 --          too (Redlock, see below); any other value (the single-Redis

@@ -9,23 +9,31 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock/backend"
 )
 
 // ValueBound is the most bytes [Inspect] reads of a lock value or a fencing
-// counter. The backends write at most 33-byte values (32 hex digits and the
-// waited-for mark) and 20-digit counters; a longer value was put there by
-// someone else, and reading all of it (a value can be 512 MB) would cost the
-// inspecting process that much memory, on every node for Redlock.
-const ValueBound = 64
+// counter. The backends write values of at most ValueBound bytes (a holder
+// description of up to backend.MaxHolderLen bytes, the OwnerLen hex digits
+// of the ownership part, and the waited-for mark; see [NewValue]) and
+// 20-digit counters; a longer value was put there by someone else, and
+// reading all of it (a value can be 512 MB) would cost the inspecting
+// process that much memory, on every node for Redlock.
+const ValueBound = backend.MaxHolderLen + OwnerLen + 1
 
 // Snapshot is what [Inspect] reads of one lock on one server.
 type Snapshot struct {
 	// Held: the lock key exists.
 	Held bool
-	// Value is the holder's ownership value, without the waited-for
-	// mark ('+', see acquire.lua); for a Foreign value, its first
-	// ValueBound bytes.
+	// Value is the lock value (the holder description and the ownership
+	// part, see [NewValue]), without the waited-for mark ('+', see
+	// acquire.lua); for a Foreign value, its first ValueBound bytes.
 	Value string
+	// Holder is the holder description in Value ([HolderOf]): "" when
+	// the grant gave none, and for a value that no grant of the backends
+	// wrote (Foreign, too short, not ending with the ownership part).
+	Holder string
 	// Foreign: the value is longer than ValueBound bytes, so no grant of
 	// the backends wrote it (Value and Waited are then not meaningful).
 	Foreign bool
@@ -72,6 +80,7 @@ func Inspect(ctx context.Context, c goredis.Cmdable, lk string) (Snapshot, error
 		s.Value = v
 	} else {
 		s.Value, s.Waited = strings.CutSuffix(v, "+")
+		s.Holder = HolderOf(s.Value)
 	}
 	// A missing counter reads as "" (GETRANGE), a foreign one as its
 	// first ValueBound bytes: neither parses.
