@@ -166,7 +166,9 @@ func (s *suite) electionResign(t *testing.T) {
 	a := campaign(t, ctx, s.locker(t), k, "candidate-a", &dlock.ElectionOptions{TTL: ttl}, nil)
 	la := a.elected(t, slack)
 	b := campaign(t, ctx, s.locker(t), k, "candidate-b", &dlock.ElectionOptions{TTL: ttl, OnLeader: onLeader}, nil)
-	if info, err := b.e.Leader(ctx); err != nil || !info.Held || info.Holder != "candidate-a" || (s.g.Fencing != dlock.FencingNone && info.Token != la.Token()) {
+	// (A backend whose Inspect cannot tell the token reports 0:
+	// Redlock; RunInspect checks Inspect's tokens.)
+	if info, err := b.e.Leader(ctx); err != nil || !info.Held || info.Holder != "candidate-a" || (info.Token != 0 && info.Token != la.Token()) {
 		t.Errorf("Leader() while a leads = %+v, %v; want held by candidate-a with term %d", info, err, la.Token())
 	}
 	// b's Run is campaigning (or about to): let it line up behind a.
