@@ -99,3 +99,47 @@ func ExampleConfig() {
 	fmt.Println("fencing:", g.Fencing, "clock-dependent:", g.ClockDependent)
 	// Output: fencing: consensus clock-dependent: false
 }
+
+func ExampleElection() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	store := memory.NewStore() // one in-process backend for both candidates
+	type term struct {
+		who   int
+		token dlock.Token
+	}
+	terms := make(chan term)
+	var candidates [2]*dlock.Election
+	for i := range candidates {
+		locker, err := memory.New(store, nil)
+		if err != nil {
+			panic(err)
+		}
+		defer locker.Close()
+		e, err := dlock.NewElection(locker, "jobs/report", &dlock.ElectionOptions{Holder: fmt.Sprint("replica-", i)})
+		if err != nil {
+			panic(err)
+		}
+		candidates[i] = e
+		go e.Run(ctx, func(ctx context.Context, lease *dlock.Lease) error {
+			terms <- term{i, lease.Token()}
+			<-ctx.Done() // lead until leadership ends
+			return nil
+		})
+	}
+	first := <-terms
+	leader, err := candidates[0].Leader(ctx)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("elected with term", first.token, "- Leader names it:", leader.Holder == fmt.Sprint("replica-", first.who))
+	// The leader gives up; the other candidate takes over.
+	if err := candidates[first.who].Resign(ctx); err != nil {
+		panic(err)
+	}
+	next := <-terms
+	fmt.Println("then term", next.token, "- another replica:", next.who != first.who)
+	// Output:
+	// elected with term 1 - Leader names it: true
+	// then term 2 - another replica: true
+}

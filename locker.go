@@ -22,6 +22,10 @@
 // one URL per [Purpose]. A program that already has a client passes it to
 // the backend's own constructor (redis.New, etcd.New, ...).
 //
+// An [Election] elects one leader among the processes that run it on a key,
+// on any backend: the leader's lease is a held lock, and its token is the
+// leader's term.
+//
 // Backend constructors check Options before any I/O and return an error
 // matching ErrInvalidConfig or ErrInvalidTTL for a bad one. [Options].Logger
 // is the one logger: the Locker and its backend log there. Backend authors
