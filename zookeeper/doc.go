@@ -208,6 +208,37 @@
 // reports it to the dlock layer (backend.LossNotifier), which fires Done
 // with ErrLeaseLost; Release then returns ErrNotHeld.
 //
+// # Holder, Inspect and watching a key
+//
+// The holder description of an acquire (dlock.AcquireOptions.Holder) is
+// the data of its lock node, written by the create that makes the node, so
+// the description exists exactly as long as the node: there is no moment
+// at which a holder has none, it survives refreshes (which write nothing)
+// and goes with the node on release or expiry. An acquire without one
+// creates its node without data, the same request as before descriptions
+// existed. Locker.Inspect lists the key's queue, reads the Stat of the
+// node at its head (its czxid is the token) and, only when that node holds
+// data of at most backend.MaxHolderLen bytes, reads the data: one more
+// round trip when there is a description. Data that is longer or is not a
+// valid description (planted by a client allowed to write the node) is
+// not shown. The description is stored in clear: any client the lock
+// node's ACL lets read (every client, with the default ACL; see
+// "Security") can read it.
+//
+// [Driver.WatchChanges] (backend.ChangeWatcher, which an election's
+// followers use instead of polling Inspect) sets a child watch on the
+// key's directory, and after each event sets it again by listing the
+// directory anew before it signals, so no change after it returned goes
+// unreported. A key nobody has locked yet has no directory (and the server
+// reaps an idle one): the watch does not create it, as it only reads; it
+// waits for its creation with an exists watch, then watches its children.
+// The watch lives through lost connections as long as the session does
+// (the client sets it again on reconnecting, and the server reports what
+// changed meanwhile); it ends, closing its channel, when the session
+// expires, the Locker is closed, or the session has been without a
+// connection for longer than its timeout plus two seconds, when a queued
+// waiter gives up too.
+//
 // # Keys
 //
 // Any key the root API accepts works: bytes outside [A-Za-z0-9_~.-] are

@@ -17,9 +17,15 @@ var _ backend.Inspector = (*Driver)(nil)
 // holder, its czxid the token, and the others are the waiters (a
 // TryAcquire that found the lock held counts for the moment its node
 // exists). TTL is 0 (unknown): a lock node lives as long as its holder's
-// session, and the lease's TTL is kept by the holder's own process. It
-// writes nothing, and reads no node's data: a listing of names and one
-// Stat, so data planted in a node costs it nothing.
+// session, and the lease's TTL is kept by the holder's own process. Holder
+// is the holder node's data, which the acquire's create wrote (see
+// holderData). It writes nothing: a listing of names and a Stat of the
+// holder's node, then, only when that node has data of at most
+// backend.MaxHolderLen bytes, one read of it. Longer data, or data that is
+// not a valid description (backend.ValidateHolder: planted by a client
+// allowed to write the node, or by another program's lock recipe), is
+// never shown: Holder is "" then, so data planted in a node costs
+// Inspect at most MaxHolderLen bytes and cannot reach a terminal.
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
 	parent := d.parent(key)
 	for {
@@ -57,8 +63,44 @@ func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, err
 		if stat == nil || stat.Czxid == 0 {
 			continue // released since the listing: list again
 		}
-		return backend.LockInfo{Held: true, Token: backend.Token(stat.Czxid), Waiters: len(kids) - 1}, nil
+		holder, gone, err := d.holder(ctx, parent+"/"+first, stat)
+		if err != nil {
+			return backend.LockInfo{}, err
+		}
+		if gone {
+			continue
+		}
+		return backend.LockInfo{Held: true, Token: backend.Token(stat.Czxid), Holder: holder, Waiters: len(kids) - 1}, nil
 	}
+}
+
+// holder reads the holder description of node, the queue's head, whose
+// Stat is stat: "" without a read when the node has no data or more than
+// backend.MaxHolderLen bytes (see Inspect). gone reports that the node was
+// deleted since (released: Inspect lists the queue again).
+func (d *Driver) holder(ctx context.Context, node string, stat *zk.Stat) (holder string, gone bool, err error) {
+	if stat.DataLength <= 0 || stat.DataLength > backend.MaxHolderLen {
+		return "", false, nil
+	}
+	var (
+		data []byte
+		now  *zk.Stat
+	)
+	err = d.read(ctx, false, func() (err error) {
+		data, now, err = d.conn.Get(node)
+		return err
+	})
+	switch {
+	case errors.Is(err, zk.ErrNoNode):
+		return "", true, nil
+	case err != nil:
+		return "", false, unavailable("reading the holder's node", err)
+	case now.Czxid != stat.Czxid:
+		return "", true, nil // another node of that name (cannot happen: names carry a GUID)
+	case backend.ValidateHolder(string(data)) != nil:
+		return "", false, nil // longer since the Stat, or not a description
+	}
+	return string(data), false, nil
 }
 
 // Keys implements backend.Inspector: the keys whose container node under

@@ -139,8 +139,13 @@ type Options struct {
 }
 
 // Driver is the ZooKeeper implementation of backend.Driver,
-// backend.Queuer and backend.BatchRefresher. It owns one ZooKeeper session,
-// shared by all leases taken through it.
+// backend.Queuer, backend.BatchRefresher, backend.Inspector and
+// backend.ChangeWatcher. It owns one ZooKeeper session, shared by all
+// leases taken through it. An acquire's holder description
+// (backend.Request.Holder) is the data of its lock node, written by the
+// create that makes the node; [Driver.Inspect] reads it back, and
+// [Driver.WatchChanges] reports changes of a key's holder and queue
+// through a child watch on the key's directory, without polling.
 type Driver struct {
 	conn    *zk.Conn
 	events  <-chan zk.Event // the client's, closed when its session loop ends
@@ -801,19 +806,30 @@ func seq(name string) (int32, bool) {
 // the counter's wrap-around (a queue never spans 2^31 creations).
 func before(a, b int32) bool { return int32(uint32(a)-uint32(b)) < 0 }
 
+// holderData is the data of a lock node for holder (a
+// backend.Request.Holder): nil for none, so that such a create is the same
+// request as one without holders.
+func holderData(holder string) []byte {
+	if holder == "" {
+		return nil
+	}
+	return []byte(holder)
+}
+
 func newGUID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
 
-// create makes our lock node under parent in protection mode and returns its
-// path. If ctx ends first, the node (once created) is deleted in the
+// create makes our lock node under parent in protection mode, with data as
+// its data (the holder description, nil for none), and returns its path. If
+// ctx ends first, the node (once created) is deleted in the
 // background. So is a node whose create may have reached the server but
 // could not be found (the connection broke and the client reached no
 // server for a full reconnect cycle): the error is returned then, and a
 // background task deletes the node carrying our GUID once it can.
-func (d *Driver) create(ctx context.Context, parent string) (string, error) {
+func (d *Driver) create(ctx context.Context, parent string, data []byte) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
@@ -832,7 +848,7 @@ func (d *Driver) create(ctx context.Context, parent string) (string, error) {
 	)
 	var state atomic.Int32
 	started := d.bg.Go(func() {
-		p, maybe, err := d.createProtected(parent, guid)
+		p, maybe, err := d.createProtected(parent, guid, data)
 		if state.CompareAndSwap(pending, taken) {
 			ch <- result{p, err}
 		} else if p != "" {
@@ -869,18 +885,19 @@ func (d *Driver) create(ctx context.Context, parent string) (string, error) {
 // createProtected is the blocking create of protection mode (Curator's,
 // ZOOKEEPER-1262): on a connection loss during the create, the node may or
 // may not exist; we look for our GUID among the children before trying
-// again. A missing parent (a container node the server reaped) is created,
-// and so, once, is a missing prefix.
+// again. data is the node's data, written by the create itself, so a node
+// found by our GUID carries it too. A missing parent (a container node the
+// server reaped) is created, and so, once, is a missing prefix.
 // A create the client could not send (zk.ErrNoServer) is tried again while
 // the client reconnects (see again). On error, maybe reports that a node
 // carrying our GUID may exist (a create in this session was cut by a
 // connection loss).
-func (d *Driver) createProtected(parent, guid string) (path string, maybe bool, err error) {
+func (d *Driver) createProtected(parent, guid string, data []byte) (path string, maybe bool, err error) {
 	name := parent + "/" + protectedPrefix + guid + "-lock-"
 	restored := false
 	for rounds := 0; rounds < 5; {
 		var p string
-		p, err = d.conn.Create(name, nil, zk.FlagEphemeral|zk.FlagSequence, d.acl)
+		p, err = d.conn.Create(name, data, zk.FlagEphemeral|zk.FlagSequence, d.acl)
 		switch {
 		case err == nil:
 			return p, false, nil
@@ -1143,7 +1160,7 @@ func (l *lease) grant() *lease {
 func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
 	key, ttl := req.Key, req.TTL
 	parent := d.parent(key)
-	node, err := d.create(ctx, parent)
+	node, err := d.create(ctx, parent, holderData(req.Holder))
 	if err != nil {
 		return nil, d.acquireErr(ctx, err)
 	}
@@ -1174,7 +1191,7 @@ func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.L
 func (d *Driver) Acquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
 	key, ttl := req.Key, req.TTL
 	parent := d.parent(key)
-	node, err := d.create(ctx, parent)
+	node, err := d.create(ctx, parent, holderData(req.Holder))
 	if err != nil {
 		return nil, d.acquireErr(ctx, err)
 	}
