@@ -21,7 +21,11 @@
 //     prefix of another's ("a" and "a/b" do not block each other).
 //   - Every acquire takes an etcd lease of the asked TTL (rounded up to
 //     whole seconds) and, in one transaction, puts the key dir + lease ID
-//     attached to it and reads the oldest key in the directory. Two Leases
+//     attached to it and reads the oldest key in the directory. The key's
+//     value is the acquire's holder description
+//     (dlock.AcquireOptions.Holder; empty without one), so it is stored
+//     atomically with the grant, at no cost in requests; a Refresh that
+//     moves the key to a new lease writes it again. Two Leases
 //     never hold one etcd lease at once: sharing one (as two Mutexes on one
 //     Session do) makes the second lock a no-op.
 //   - The etcd lease comes from the Driver's pool when it has one of that
@@ -101,6 +105,23 @@
 //     which deletes the key: the lock is not left held for the rest of
 //     its TTL. Release still returns the delete's error; it can
 //     then take RequestTimeout plus 2s.
+//
+// # Inspecting and watching a lock
+//
+// The Driver is a backend.Inspector: Inspect reads the queue's head (its
+// create revision is the token, its value the holder description, its
+// lease's time to live the TTL) and counts the waiters behind it, in one
+// read and one LeaseTimeToLive. It is also a backend.ChangeWatcher:
+// [Driver.WatchChanges] makes one etcd watch on the lock's directory,
+// without a start revision (so that it is in etcd's synced group, as the
+// prefix watch is), and returns once the server has created it; every key
+// created or deleted in the directory after that (a grant, a waiter
+// joining, a release, an expiry, a waiter leaving) makes its channel
+// receive, within a round trip. An observer of a lock (the followers of a
+// dlock election) thus learns of a new holder without polling Inspect.
+// The channel is closed when the server cancels the watch (a member
+// without a leader, a compaction), or at Close; a broken connection is
+// resumed by the client without missing a change.
 //
 // # Fencing token
 //

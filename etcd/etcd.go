@@ -71,8 +71,16 @@ type Options struct {
 	Locker *dlock.Options
 }
 
-// Driver is the etcd implementation of backend.Driver, backend.Queuer and
-// the As escape hatch. Use [New] unless you wrap drivers yourself.
+// Driver is the etcd implementation of backend.Driver, backend.Queuer,
+// backend.BatchRefresher, backend.Inspector, backend.ChangeWatcher and the
+// As escape hatch. Use [New] unless you wrap drivers yourself.
+//
+// Every acquire stores its holder description (backend.Request.Holder) as
+// the value of its key, in the transaction that puts the key in the queue:
+// the description is there from the grant on, and Inspect returns the
+// queue head's. [Driver.WatchChanges] watches one lock's queue (one etcd
+// watch on its directory), so that an observer of the lock, such as an
+// election's follower, learns of a new holder without polling.
 type Driver struct {
 	client     *clientv3.Client
 	prefix     string
@@ -339,9 +347,13 @@ type waiter struct {
 	d     *Driver
 	key   string // the lock name
 	myKey string // dir + lease ID in hex
-	el    *etcdLease
-	secs  int64 // asked, in seconds
-	rev   int64 // create revision of myKey
+	// holder is myKey's value: the acquire's holder description
+	// (backend.Request.Holder), written with the key by the join and
+	// again by every later write of ours to it (a move, a fence).
+	holder string
+	el     *etcdLease
+	secs   int64 // asked, in seconds
+	rev    int64 // create revision of myKey
 	// modRev is the mod revision of our last write to myKey whose
 	// outcome we know (the join's: rev; a move's; a fence's): every later
 	// write of ours compares it (see lease.unchanged). Guarded by the
@@ -366,29 +378,30 @@ type waiter struct {
 // errGone: the key was deleted right after it was put (its lease ran out).
 var errGone = errors.New("etcd: the lease ended as the key was put")
 
-// enqueue puts our key in key's queue, on a lease from the pool or a new
-// one. It reports whether we are first in the queue (the holder).
-func (d *Driver) enqueue(ctx context.Context, key string, ttl time.Duration) (*waiter, bool, error) {
-	secs := ttlSeconds(ttl)
+// enqueue puts our key in req.Key's queue, with req.Holder as its value, on
+// a lease from the pool or a new one. It reports whether we are first in
+// the queue (the holder).
+func (d *Driver) enqueue(ctx context.Context, req backend.Request) (*waiter, bool, error) {
+	secs := ttlSeconds(req.TTL)
 	for {
 		e, ok := d.pool.take(secs)
 		if !ok {
 			break
 		}
-		w, first, err := d.enqueuePooled(ctx, key, secs, e)
+		w, first, err := d.enqueuePooled(ctx, req, secs, e)
 		if !errors.Is(err, errPoolStale) {
 			return w, first, err
 		}
 	}
-	return d.enqueueFresh(ctx, key, secs)
+	return d.enqueueFresh(ctx, req, secs)
 }
 
 // errPoolStale: the pooled lease had run out; take another, or grant one.
 var errPoolStale = errors.New("etcd: the pooled lease has run out")
 
 // enqueueFresh grants a lease and puts our key on it.
-func (d *Driver) enqueueFresh(ctx context.Context, key string, secs int64) (*waiter, bool, error) {
-	w := &waiter{d: d, key: key, secs: secs}
+func (d *Driver) enqueueFresh(ctx context.Context, req backend.Request, secs int64) (*waiter, bool, error) {
+	w := &waiter{d: d, key: req.Key, holder: req.Holder, secs: secs}
 	w.anchor = time.Now()
 	g, err := call(ctx, d, "granting a lease", func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
 		return d.client.Grant(ctx, w.secs)
@@ -418,8 +431,8 @@ func (d *Driver) enqueueFresh(ctx context.Context, key string, secs int64) (*wai
 // least nine tenths of it is left). If e has run out (the put fails with
 // "lease not found", or the keepalive finds it gone) it returns
 // errPoolStale; nothing is left behind.
-func (d *Driver) enqueuePooled(ctx context.Context, key string, secs int64, e pooled) (*waiter, bool, error) {
-	w := &waiter{d: d, key: key, secs: secs, el: e.el}
+func (d *Driver) enqueuePooled(ctx context.Context, req backend.Request, secs int64, e pooled) (*waiter, bool, error) {
+	w := &waiter{d: d, key: req.Key, holder: req.Holder, secs: secs, el: e.el}
 	now := time.Now()
 	// Fresh: the lease lasts its granted TTL from the sending of its last
 	// renewal (or grant), as e.expires counts.
@@ -453,9 +466,11 @@ func (d *Driver) enqueuePooled(ctx context.Context, key string, secs int64, e po
 	return w, first, nil
 }
 
-// join puts our key (on w.el) in the queue and reads the queue's head, in
-// one transaction; the hub's interest in our key is registered first, so
-// that no delete of it is missed. It reports whether we are first.
+// join puts our key (on w.el, with w.holder as its value: the holder
+// description is stored atomically with the grant) in the queue and reads
+// the queue's head (keys only), in one transaction; the hub's interest in
+// our key is registered first, so that no delete of it is missed. It
+// reports whether we are first.
 func (w *waiter) join(ctx context.Context) (bool, error) {
 	d := w.d
 	dir := d.dir(w.key)
@@ -465,8 +480,8 @@ func (w *waiter) join(ctx context.Context) (bool, error) {
 		return d.client.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(w.myKey), "=", 0)).
 			Then(
-				clientv3.OpPut(w.myKey, "", clientv3.WithLease(w.el.id)),
-				clientv3.OpGet(dir, clientv3.WithFirstCreate()...),
+				clientv3.OpPut(w.myKey, w.holder, clientv3.WithLease(w.el.id)),
+				clientv3.OpGet(dir, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...),
 			).Commit()
 	})
 	if err != nil {
@@ -520,8 +535,7 @@ func acquireErr(ctx context.Context, err error) error {
 // leaves it at once (deleting its key; its lease goes back to the pool) and
 // reports the key as held.
 func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
-	key, ttl := req.Key, req.TTL
-	w, first, err := d.enqueue(ctx, key, ttl)
+	w, first, err := d.enqueue(ctx, req)
 	if err != nil {
 		return nil, acquireErr(ctx, err)
 	}
@@ -546,8 +560,7 @@ func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.L
 // until then: it does not fail Acquire by itself. On any error or
 // cancellation the lease is revoked, which removes the waiter key.
 func (d *Driver) Acquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
-	key, ttl := req.Key, req.TTL
-	w, first, err := d.enqueue(ctx, key, ttl)
+	w, first, err := d.enqueue(ctx, req)
 	if err != nil {
 		return nil, acquireErr(ctx, err)
 	}
@@ -583,8 +596,9 @@ func (w *waiter) wait(ctx context.Context) error {
 	// Each read takes, in one transaction, the key just ahead of ours and
 	// our own key (which must still be there: a waiter whose lease expired
 	// while queued is never granted the lock).
-	ahead := clientv3.OpGet(w.d.dir(w.key), append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(w.rev-1))...)
-	own := clientv3.OpGet(w.myKey)
+	// Keys only: the values (holder descriptions) are not needed.
+	ahead := clientv3.OpGet(w.d.dir(w.key), append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(w.rev-1), clientv3.WithKeysOnly())...)
+	own := clientv3.OpGet(w.myKey, clientv3.WithKeysOnly())
 	for {
 		// Before the read: a delete after it is then not missed.
 		reg.reset()
@@ -662,7 +676,7 @@ func waitErr(ctx context.Context, err error) error {
 // reports whether it is gone.
 func (w *waiter) predGone(ctx context.Context, key string, createRev int64) (bool, error) {
 	resp, err := queued(ctx, w, "reading the predecessor", func(ctx context.Context) (*clientv3.GetResponse, error) {
-		return w.d.client.Get(ctx, key)
+		return w.d.client.Get(ctx, key, clientv3.WithKeysOnly())
 	})
 	if err != nil {
 		return false, err

@@ -14,11 +14,12 @@ var _ backend.Inspector = (*Driver)(nil)
 
 // Inspect implements backend.Inspector. It reads key's queue (the keys
 // under its directory, by create revision): the first is the holder, its
-// create revision the token, the time left on its etcd lease the TTL (whole
-// seconds, from LeaseTimeToLive), and the others are the waiters. It reads
-// one value, the holder's (its lease is in the same record; a keys-only
-// read leaves it out), which etcd bounds by its request size limit (1.5
-// MiB by default); it writes nothing.
+// create revision the token, its value the holder description
+// (LockInfo.Holder: the acquire's backend.Request.Holder, at most
+// backend.MaxHolderLen bytes, written with the key), the time left on its
+// etcd lease the TTL (whole seconds, from LeaseTimeToLive), and the others
+// are the waiters. It reads one value, the holder's (its lease is in the
+// same record; a keys-only read would leave both out); it writes nothing.
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
 	resp, err := d.get(ctx, "reading the queue", d.dir(key),
 		clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(1))
@@ -29,7 +30,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, err
 		return backend.LockInfo{}, nil
 	}
 	holder := resp.Kvs[0]
-	info := backend.LockInfo{Held: true, Token: backend.Token(holder.CreateRevision), Waiters: int(resp.Count) - 1}
+	info := backend.LockInfo{Held: true, Token: backend.Token(holder.CreateRevision), Holder: string(holder.Value), Waiters: int(resp.Count) - 1}
 	ttl, err := call(ctx, d, "reading the holder's lease", func(ctx context.Context) (*clientv3.LeaseTimeToLiveResponse, error) {
 		return d.client.TimeToLive(ctx, clientv3.LeaseID(holder.Lease))
 	})
