@@ -22,13 +22,19 @@ const inspectDefaultTimeout = 10 * time.Second
 
 const inspectUsage = `usage: dlock inspect [flags] [URL] KEY
 
-Inspect shows who holds the lock KEY: the holder's fencing token, the time
-left on its lease, and how many wait for it, where the backend can tell
-(dlock.Locker.Inspect). It changes nothing: no lease is taken, refreshed or
-released. For example:
+Inspect shows who holds the lock KEY: the holder's fencing token, the
+holder's description, the time left on its lease, and how many wait for
+it, where the backend can tell (dlock.Locker.Inspect). It changes nothing:
+no lease is taken, refreshed or released. For example:
 
-	KEY orders/42 held by token 1234, 12.3s left, 2 waiters
+	KEY orders/42 held by token 1234, holder web-3/4242, 12.3s left, 2 waiters
 	KEY orders/42 free
+
+The holder is the description the holder acquired the lock with
+(dlock.AcquireOptions.Holder): dlock run's --holder, by default its
+hostname/pid. A lock taken without one shows none. The key and the holder
+are printed in double quotes, with Go escapes, when they hold a space, a
+double quote or a character that is not printable.
 
 What each backend can tell: etcd all three (the token is the holder's
 create revision, the time left its etcd lease's, in whole seconds);
@@ -53,6 +59,7 @@ type inspectJSON struct {
 	Key     string       `json:"key"`
 	Held    bool         `json:"held"`
 	Token   *dlock.Token `json:"token"`
+	Holder  *string      `json:"holder"`
 	TTL     *float64     `json:"ttl_seconds"`
 	Waiters *int         `json:"waiters"`
 }
@@ -61,7 +68,7 @@ type inspectJSON struct {
 func inspectCmd(ctx context.Context, e *env, args []string) int {
 	fs := newFlagSet("inspect", inspectUsage)
 	rawURL, purpose := backendFlags(fs)
-	asJSON := fs.Bool("json", false, "print one JSON object: key, held, token, ttl_seconds, waiters (null when unknown)")
+	asJSON := fs.Bool("json", false, "print one JSON object: key, held, token, holder, ttl_seconds, waiters (null when unknown)")
 	timeout := fs.Duration("timeout", inspectDefaultTimeout, "give up after this `duration` (opening the backend and reading)")
 	if status, ok := parseFlags(e, "inspect", fs, args); !ok {
 		return status
@@ -107,18 +114,7 @@ func inspectCmd(ctx context.Context, e *env, args []string) int {
 		return exitFailure
 	}
 	if *asJSON {
-		out := inspectJSON{Key: key, Held: info.Held}
-		if info.Token != 0 {
-			out.Token = &info.Token
-		}
-		if info.TTL > 0 {
-			s := info.TTL.Seconds()
-			out.TTL = &s
-		}
-		if info.Waiters >= 0 {
-			out.Waiters = &info.Waiters
-		}
-		b, _ := json.Marshal(out) // cannot fail
+		b, _ := json.Marshal(toJSON(key, info)) // cannot fail
 		fmt.Fprintf(e.stdout, "%s\n", b)
 		return exitOK
 	}
@@ -126,16 +122,34 @@ func inspectCmd(ctx context.Context, e *env, args []string) int {
 	return exitOK
 }
 
+// toJSON is dlock inspect --json's object for info, read on key: what the
+// backend cannot tell (and a holder that gave no description) is null.
+func toJSON(key string, info dlock.LockInfo) inspectJSON {
+	out := inspectJSON{Key: key, Held: info.Held}
+	if info.Token != 0 {
+		out.Token = &info.Token
+	}
+	if info.Holder != "" {
+		out.Holder = &info.Holder
+	}
+	if info.TTL > 0 {
+		s := info.TTL.Seconds()
+		out.TTL = &s
+	}
+	if info.Waiters >= 0 {
+		out.Waiters = &info.Waiters
+	}
+	return out
+}
+
 // describe is dlock inspect's line: "KEY orders/42 held by token 1234,
-// 12.3s left, 2 waiters", or "KEY orders/42 free". What the backend cannot
-// tell is left out.
+// holder web-3/4242, 12.3s left, 2 waiters", or "KEY orders/42 free". What
+// the backend cannot tell is left out, and so is a holder without a
+// description.
 func describe(key string, info dlock.LockInfo) string {
 	var b strings.Builder
 	b.WriteString("KEY ")
-	if strings.ContainsFunc(key, func(r rune) bool { return r <= ' ' || !strconv.IsPrint(r) }) {
-		key = strconv.Quote(key)
-	}
-	b.WriteString(key)
+	b.WriteString(quoteIfNeeded(key))
 	if !info.Held {
 		b.WriteString(" free")
 		return b.String()
@@ -143,6 +157,12 @@ func describe(key string, info dlock.LockInfo) string {
 	b.WriteString(" held")
 	if info.Token != 0 {
 		fmt.Fprintf(&b, " by token %d", info.Token)
+	}
+	if info.Holder != "" {
+		// Validated free of control characters by the library, but
+		// read from a server that anyone may have written to: quoted
+		// with escapes all the same when it is not plainly printable.
+		fmt.Fprintf(&b, ", holder %s", quoteIfNeeded(info.Holder))
 	}
 	if info.TTL > 0 {
 		fmt.Fprintf(&b, ", %v left", info.TTL.Round(100*time.Millisecond))
@@ -155,4 +175,15 @@ func describe(key string, info dlock.LockInfo) string {
 		fmt.Fprintf(&b, ", %d waiters", info.Waiters)
 	}
 	return b.String()
+}
+
+// quoteIfNeeded is s as dlock inspect prints a key or a holder: as it is,
+// or double-quoted with Go escapes (strconv.Quote) if it is empty or holds
+// a space, a double quote or a character that is not printable, so that
+// it reads as one word and cannot move a terminal's cursor.
+func quoteIfNeeded(s string) string {
+	if s == "" || strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r == '"' || !strconv.IsPrint(r) }) {
+		return strconv.Quote(s)
+	}
+	return s
 }

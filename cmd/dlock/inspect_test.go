@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -19,6 +20,18 @@ func TestDescribe(t *testing.T) {
 		{dlock.LockInfo{Held: true, Token: 1234, TTL: 12345 * time.Millisecond, Waiters: 2}, "KEY k held by token 1234, 12.3s left, 2 waiters"},
 		{dlock.LockInfo{Held: true, Token: 7, Waiters: 0}, "KEY k held by token 7, 0 waiters"},
 		{dlock.LockInfo{Held: true, TTL: time.Second, Waiters: -1}, "KEY k held, 1s left"},
+		{dlock.LockInfo{Held: true, Token: 1234, Holder: "web-3/4242", TTL: 12345 * time.Millisecond, Waiters: 2},
+			"KEY k held by token 1234, holder web-3/4242, 12.3s left, 2 waiters"},
+		{dlock.LockInfo{Held: true, Holder: "web-3/4242", Waiters: -1}, "KEY k held, holder web-3/4242"},
+		// Quoted, with escapes, when not one plainly printable word: a
+		// space, a double quote, a right-to-left override (U+202E, not
+		// a control character: ValidateHolder lets it through), and
+		// what a server could plant past the library's validation.
+		{dlock.LockInfo{Held: true, Token: 7, Holder: "deploy job 7", Waiters: -1}, `KEY k held by token 7, holder "deploy job 7"`},
+		{dlock.LockInfo{Held: true, Token: 7, Holder: `"x"`, Waiters: -1}, `KEY k held by token 7, holder "\"x\""`},
+		{dlock.LockInfo{Held: true, Token: 7, Holder: "web‮3", Waiters: -1}, `KEY k held by token 7, holder "web\u202e3"`},
+		{dlock.LockInfo{Held: true, Token: 7, Holder: "web\x1b[2J\n", Waiters: -1}, `KEY k held by token 7, holder "web\x1b[2J\n"`},
+		{dlock.LockInfo{Holder: "gone", Waiters: -1}, "KEY k free"},
 	} {
 		if got := describe("k", c.info); got != c.want {
 			t.Errorf("describe(%+v) = %q, want %q", c.info, got, c.want)
@@ -26,5 +39,26 @@ func TestDescribe(t *testing.T) {
 	}
 	if got := describe("a b", dlock.LockInfo{}); got != `KEY "a b" free` {
 		t.Errorf("describe of a key with a space = %q", got)
+	}
+}
+
+// TestInspectJSON: --json's holder is the description, null when the
+// holder gave none (or the backend does not keep it); escapes are JSON's.
+func TestInspectJSON(t *testing.T) {
+	for _, c := range []struct {
+		info dlock.LockInfo
+		want string
+	}{
+		{dlock.LockInfo{Waiters: -1}, `{"key":"k","held":false,"token":null,"holder":null,"ttl_seconds":null,"waiters":null}`},
+		{dlock.LockInfo{Held: true, Token: 12, Holder: "web-3/4242", TTL: 1500 * time.Millisecond, Waiters: 0},
+			`{"key":"k","held":true,"token":12,"holder":"web-3/4242","ttl_seconds":1.5,"waiters":0}`},
+		{dlock.LockInfo{Held: true, Token: 12, Waiters: -1}, `{"key":"k","held":true,"token":12,"holder":null,"ttl_seconds":null,"waiters":null}`},
+		{dlock.LockInfo{Held: true, Holder: "a \"b\"\x1b<", Waiters: -1},
+			`{"key":"k","held":true,"token":null,"holder":"a \"b\"\u001b\u003c","ttl_seconds":null,"waiters":null}`},
+	} {
+		b, err := json.Marshal(toJSON("k", c.info))
+		if err != nil || string(b) != c.want {
+			t.Errorf("toJSON(%+v) = %s (%v), want %s", c.info, b, err, c.want)
+		}
 	}
 }

@@ -8,7 +8,7 @@
 //
 // The commands are:
 //
-//	run      run a command while holding a lock
+//	run      run a command while holding a lock, or while leading (--elect)
 //	compare  run one workload against each backend and print a table
 //	serve    start a single-member etcd for local development
 //	inspect  show who holds a lock (read-only)
@@ -24,7 +24,9 @@
 // not run to its end: 75 the lock was not acquired (--try found it held, or
 // --wait passed), 124 the lease was lost and the command was stopped, 125
 // dlock itself failed (bad URL, backend unreachable), 126 the command could
-// not be started, 127 the command was not found.
+// not be started, 127 the command was not found. dlock run --elect, which
+// campaigns and restarts the command until it is stopped, exits 0 once a
+// signal has stopped it (125, 126, 127 and 2 as run).
 package main
 
 import (

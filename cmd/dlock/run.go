@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,7 +22,7 @@ import (
 )
 
 func init() {
-	register(&command{name: "run", short: "run a command while holding a lock", run: runCmd})
+	register(&command{name: "run", short: "run a command while holding a lock, or while leading (--elect)", run: runCmd})
 }
 
 // Defaults of dlock run's flags.
@@ -37,6 +38,7 @@ const (
 const runDeadlineLayout = "2006-01-02T15:04:05.000Z07:00"
 
 const runUsage = `usage: dlock run [flags] KEY -- COMMAND [ARGS...]
+   or: dlock run --elect [flags] KEY -- COMMAND [ARGS...]
 
 Run acquires the lock KEY, runs COMMAND with ARGS while holding it, and
 releases it when the command exits. The lease is refreshed in the
@@ -69,6 +71,42 @@ exited. (A ^C at a terminal reaches the command from the terminal too.)
 If dlock itself is killed (SIGKILL), the command keeps running without the
 lock once the lease's TTL has passed.
 
+The lock is stored with a description of its holder (--holder, by default
+this machine's hostname and dlock's process ID, as in web-3/4242), which
+dlock inspect shows.
+
+With --elect, dlock is a candidate in a leader election on KEY
+(dlock.Election): of all the dlock run --elect on one KEY and backend, on
+any machines, one leads at a time, and only the leader runs COMMAND. Each
+time this dlock is elected it starts COMMAND, with the environment above:
+DLOCK_TOKEN is the leader's term, larger for each new leader as far as
+the backend's fencing tokens are. Then:
+
+  - when leadership is lost (the lease could not be refreshed), the
+    command is stopped as a lost lease stops it (SIGTERM, then SIGKILL
+    after --grace), and dlock campaigns again at once;
+  - when the command exits by itself, with any status, dlock gives
+    leadership up and campaigns again after a pause of about a second,
+    so that another candidate may take over: a command that fails does
+    not stop dlock (its status is reported on standard error), it is
+    started again by the next leader, with no limit on the restarts;
+  - SIGINT, SIGTERM or SIGHUP to dlock stops the command (SIGTERM, then
+    SIGKILL after --grace) if it runs, gives the lease back, and dlock
+    exits 0.
+
+The next leader may start its command before a lost leader's command has
+stopped (within --grace): pass DLOCK_TOKEN to the resource. If dlock
+itself dies (SIGKILL, a crash), the kernel kills the command at once on
+Linux (the parent-death signal, SIGKILL), so that it does not run on
+beside the next leader's; elsewhere it runs on, as with dlock run. A
+command that starts processes of its own should stop them when it gets
+SIGTERM, as SIGKILL reaches the command alone. --try, --wait and
+--max-hold do not apply to a candidate and are refused. Exit status with
+--elect: 0 once a signal stopped it; 125 dlock failed; 126 or 127 the
+command could not be started (it is looked for before the campaign, and
+a start that fails when elected gives the lease back and ends dlock); 2
+usage error.
+
 ` + backendHelp + `
 
 Flags:
@@ -81,9 +119,14 @@ func runCmd(ctx context.Context, e *env, args []string) int {
 	ttl := fs.Duration("ttl", runDefaultTTL, "the lease's `TTL`, refreshed every TTL/3 (overrides the URL's ttl parameter)")
 	wait := fs.Duration("wait", runDefaultWait, "give up (exit 75) if the lock is not acquired within this `duration`; 0: wait as long as it takes")
 	try := fs.Bool("try", false, "make one attempt: exit 75 at once if the lock is held")
-	grace := fs.Duration("grace", runDefaultGrace, "after a lost lease, the `time` between SIGTERM and SIGKILL to the command")
+	grace := fs.Duration("grace", runDefaultGrace, "after a lost lease (with --elect: also on a signal to dlock), the `time`\n"+
+		"between SIGTERM and SIGKILL to the command")
 	maxHold := fs.Duration("max-hold", 0, "stop refreshing the lease this long after it was acquired, so that it runs out\n"+
 		"and the command is stopped (exit 124); 0: refresh for as long as the command runs")
+	elect := fs.Bool("elect", false, "campaign for leadership of KEY and run the command only while leading;\n"+
+		"campaign again when it exits or leadership is lost, until a signal stops dlock")
+	holder := fs.String("holder", "", "the holder's `description`, stored with the lock for dlock inspect: at most\n"+
+		"256 bytes, no control characters (default hostname/pid)")
 	if status, ok := parseFlags(e, "run", fs, args); !ok {
 		return status
 	}
@@ -118,15 +161,28 @@ func runCmd(ctx context.Context, e *env, args []string) int {
 	case *maxHold < 0:
 		return usageErr("--max-hold %v: want a duration >= 0", *maxHold)
 	}
+	if *elect {
+		for _, f := range []struct{ name, why string }{
+			{"try", "a candidate campaigns until it is stopped"},
+			{"wait", "a candidate campaigns until it is stopped"},
+			{"max-hold", "a leader leads for as long as it lives"},
+		} {
+			if set[f.name] {
+				return usageErr("--elect and --%s exclude each other (%s)", f.name, f.why)
+			}
+		}
+	}
+	if *holder == "" {
+		*holder = defaultHolder()
+	} else if err := backend.ValidateHolder(*holder); err != nil {
+		return usageErr("--holder %q: %s", *holder, strings.TrimPrefix(err.Error(), "dlock: "))
+	}
 
 	// Find the command before taking the lock: no lock for a typo.
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
 		fmt.Fprintf(e.stderr, "dlock run: %v\n", err)
-		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			return exitNotFound
-		}
-		return exitCannotRun
+		return runStartStatus(err)
 	}
 
 	// From here, signals to dlock are the command's: caught now so that
@@ -146,7 +202,10 @@ func runCmd(ctx context.Context, e *env, args []string) int {
 	}
 	defer locker.Close()
 
-	ao := &dlock.AcquireOptions{TTL: *ttl, AutoRefresh: true, MaxHold: *maxHold}
+	if *elect {
+		return runElect(ctx, e, locker, key, &dlock.ElectionOptions{TTL: *ttl, Holder: *holder}, path, argv, *grace, sigs)
+	}
+	ao := &dlock.AcquireOptions{TTL: *ttl, AutoRefresh: true, MaxHold: *maxHold, Holder: *holder}
 	if *maxHold == 0 {
 		ao.MaxHold = math.MaxInt64 // for as long as the command runs
 	}
@@ -220,6 +279,36 @@ func runAcquire(ctx context.Context, e *env, locker *dlock.Locker, key string, a
 // runLocked runs the command while lease is held, and releases the lease
 // once it has exited. It returns the exit status (see runUsage).
 func runLocked(e *env, lease *dlock.Lease, path string, argv []string, grace time.Duration, sigs <-chan os.Signal) int {
+	c, err := startChild(e, lease, path, argv, false)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "dlock run: %v\n", err)
+		runRelease(e, lease)
+		return runStartStatus(err)
+	}
+	leaseLost, waitErr := c.supervise(sigs, lease.Done(), grace, func() {
+		fmt.Fprintf(e.stderr, "dlock run: lease on %s lost (%v): stopping the command (SIGTERM, SIGKILL after %v)\n", lease.Key(), printable(fmt.Sprint(lease.Err())), grace)
+	})
+	runRelease(e, lease)
+	if leaseLost {
+		return exitLeaseLost
+	}
+	return runExitStatus(e, c.cmd, waitErr)
+}
+
+// child is a command that dlock run started for a lease.
+type child struct {
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once the command has exited and Wait returned
+	err    error         // Wait's error, set before exited is closed
+}
+
+// startChild starts the command argv (path: where exec.LookPath found
+// argv[0]) for lease, with dlock's standard input, output and error, and
+// dlock's environment less the backend URLs (runChildEnv) plus DLOCK_KEY,
+// DLOCK_TOKEN and DLOCK_DEADLINE. With dieWithDlock, the command is killed
+// (SIGKILL) by the kernel if dlock dies before it, where the system can
+// (setDieWithParent: Linux).
+func startChild(e *env, lease *dlock.Lease, path string, argv []string, dieWithDlock bool) (*child, error) {
 	cmd := &exec.Cmd{
 		Path:   path,
 		Args:   argv,
@@ -237,46 +326,69 @@ func runLocked(e *env, lease *dlock.Lease, path string, argv []string, grace tim
 	if runNilReader(e.stdin) {
 		cmd.Stdin = nil
 	}
-	if err := cmd.Start(); err != nil {
-		fmt.Fprintf(e.stderr, "dlock run: %v\n", err)
-		runRelease(e, lease)
-		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			return exitNotFound
+	lockThread := dieWithDlock && setDieWithParent(cmd)
+	c := &child{cmd: cmd, exited: make(chan struct{})}
+	started := make(chan error, 1)
+	go func() {
+		if lockThread {
+			// The parent-death signal comes when the thread that
+			// started the command ends, not the process
+			// (go.dev/issue/27505). The runtime ends a thread only
+			// when a goroutine exits locked to it: this one keeps its
+			// thread, locked, until the command has exited, so that
+			// nothing ends the thread under a running command.
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
 		}
-		return exitCannotRun
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		c.err = cmd.Wait()
+		close(c.exited)
+	}()
+	if err := <-started; err != nil {
+		return nil, err
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	return c, nil
+}
 
-	lost := lease.Done()
+// supervise waits for the command to exit, forwarding to it the signals
+// received on sigs. Once stop is ready it stops the command: it calls
+// stopping (to say why), sends SIGTERM, and SIGKILL after grace if the
+// command has not exited by then. It returns whether the command was
+// stopped, and Wait's error.
+func (c *child) supervise(sigs <-chan os.Signal, stop <-chan struct{}, grace time.Duration, stopping func()) (stopped bool, err error) {
 	var kill <-chan time.Time
-	leaseLost := false
-	var waitErr error
-wait:
 	for {
 		select {
-		case waitErr = <-exited:
-			break wait
+		case <-c.exited:
+			return stopped, c.err
 		case s := <-sigs:
-			_ = cmd.Process.Signal(s) // it may have exited already
-		case <-lost:
-			lost = nil
-			leaseLost = true
-			fmt.Fprintf(e.stderr, "dlock run: lease on %s lost (%v): stopping the command (SIGTERM, SIGKILL after %v)\n", lease.Key(), printable(fmt.Sprint(lease.Err())), grace)
-			_ = cmd.Process.Signal(syscall.SIGTERM)
+			_ = c.cmd.Process.Signal(s) // it may have exited already
+		case <-stop:
+			stop = nil
+			stopped = true
+			stopping()
+			_ = c.cmd.Process.Signal(syscall.SIGTERM)
 			t := time.NewTimer(grace)
 			defer t.Stop()
 			kill = t.C
 		case <-kill:
 			kill = nil
-			_ = cmd.Process.Kill()
+			_ = c.cmd.Process.Kill()
 		}
 	}
-	runRelease(e, lease)
-	if leaseLost {
-		return exitLeaseLost
+}
+
+// runStartStatus is the exit status for a command that could not be
+// started: 127 not found, else 126.
+func runStartStatus(err error) int {
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+		return exitNotFound
 	}
-	return runExitStatus(e, cmd, waitErr)
+	return exitCannotRun
 }
 
 // runChildEnv is environ without the variables that name a backend

@@ -119,6 +119,7 @@ func TestInspectCommandRedis(t *testing.T) {
 		Key     string   `json:"key"`
 		Held    bool     `json:"held"`
 		Token   *uint64  `json:"token"`
+		Holder  *string  `json:"holder"`
 		TTL     *float64 `json:"ttl_seconds"`
 		Waiters *int     `json:"waiters"`
 	}
@@ -126,8 +127,8 @@ func TestInspectCommandRedis(t *testing.T) {
 		t.Fatalf("dlock inspect --json = %q, status %d (stderr %q): %v", out, code, errOut, err)
 	}
 	if got.Key != key || !got.Held || got.Token == nil || *got.Token != uint64(le.Token()) ||
-		got.TTL == nil || *got.TTL <= 0 || *got.TTL > 30 || got.Waiters != nil {
-		t.Errorf("dlock inspect --json = %s, want key %q held by token %d, ttl_seconds in (0, 30], waiters null", out, key, le.Token())
+		got.TTL == nil || *got.TTL <= 0 || *got.TTL > 30 || got.Waiters != nil || got.Holder != nil {
+		t.Errorf("dlock inspect --json = %s, want key %q held by token %d, ttl_seconds in (0, 30], waiters null, holder null (none given)", out, key, le.Token())
 	}
 	// The lock is untouched.
 	if err := le.Refresh(t.Context(), 30*time.Second); err != nil {
