@@ -30,7 +30,8 @@ type ElectionOptions struct {
 	// observed on the key changes: another candidate (or this one) is
 	// elected, or the key falls free (Held false). It is called from
 	// one goroutine of Run, one call at a time, first with the leader
-	// seen when Run starts; it must not block for long. On a backend
+	// seen when Run starts; it must not block for long (the Locker's
+	// Close waits for a call in progress). On a backend
 	// that reports changes (etcd, ZooKeeper: backend.ChangeWatcher) it
 	// follows the server's watch; on the others (Redis, Redlock,
 	// memory) Run polls Inspect every Options.RetryMax of the Locker
@@ -102,6 +103,11 @@ func NewElection(l *Locker, key string, opts *ElectionOptions) (*Election, error
 	if err := l.check(key, &e.ao); err != nil {
 		return nil, opErr("election", key, err)
 	}
+	if e.onLeader != nil {
+		if _, err := l.inspector(); err != nil {
+			return nil, opErr("election", key, fmt.Errorf("%w (OnLeader needs it)", err))
+		}
+	}
 	return e, nil
 }
 
@@ -127,25 +133,31 @@ func defaultHolder() string {
 // Leadership ends when
 //   - the lease is lost (its deadline passed without a refresh, the server
 //     dropped it, the session ended): context.Cause of lead's context then
-//     matches ErrLeaseLost (ErrClosed when the Locker was closed). It is
-//     cancelled at the lease's Deadline at the latest, on this process's
-//     clock; a backend that learns of a loss sooner (etcd, ZooKeeper)
-//     cancels it sooner;
-//   - lead returns, Resign is called, or ctx ends: lead's context is then
-//     cancelled with context.Canceled.
+//     matches ErrLeaseLost. It is cancelled at the lease's Deadline at the
+//     latest, on this process's clock; a backend that learns of a loss
+//     sooner (etcd, ZooKeeper) cancels it sooner;
+//   - the Locker is closed: the cause matches ErrClosed, and the context is
+//     cancelled before the lease is given back (Close does not wait for
+//     lead to return);
+//   - lead returns, or Resign is called: the cause is context.Canceled;
+//     lead releases the lease itself: the cause matches ErrNotHeld; ctx
+//     ends: the cause is ctx's.
 //
 // lead must return promptly once its context is done. When it has
 // returned, Run gives the lease back (never before, so two of a process's
-// terms do not overlap) and, unless ctx is done, campaigns again: at once
-// after a loss, or after a pause of 2 × the Locker's RetryMax (default 1 s)
-// when this candidate gave leadership up, so that another candidate can
-// take over. An error from lead is logged with the Locker's Logger and
+// terms do not overlap; a panic in lead gives it back too, and goes on)
+// and, unless ctx is done, campaigns again: at once after a loss (after a
+// growing pause, up to the Locker's RetryMax, when terms keep being lost
+// within a third of their TTL), or after a pause of 2 × RetryMax (default
+// 1 s) when this candidate gave leadership up, so that another candidate
+// can take over. An error from lead is logged with the Locker's Logger and
 // otherwise treated as giving up leadership.
 //
 // Run returns context.Cause(ctx) when ctx ends, an error matching ErrClosed
-// when the Locker is closed, or an error matching ErrInvalidConfig when Run
-// is already running on e. A backend that cannot be reached does not end
-// Run: it logs the failure and campaigns again, backing off.
+// when the Locker is closed, or an error matching ErrInvalidConfig when
+// lead is nil or Run is already running on e. A backend that cannot be
+// reached does not end Run: it logs the failure and campaigns again, with
+// a growing pause up to RetryMax between attempts.
 func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, lease *Lease) error) error {
 	if lead == nil {
 		return opErr("election", e.key, fmt.Errorf("%w: nil lead function", ErrInvalidConfig))
@@ -170,7 +182,12 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, lease
 		defer wg.Wait()
 		defer cancel()
 	}
-	failures := 0
+	// pause waits d, or until ctx ends or the Locker is closed; it
+	// reports whether Run goes on.
+	pause := func(d time.Duration) bool {
+		return sleep(ctx, d, e.l.closing.Done()) == nil && e.l.closing.Err() == nil
+	}
+	failures, losses := 0, 0
 	for {
 		le, err := e.l.Acquire(ctx, e.key, &e.ao)
 		switch {
@@ -186,20 +203,45 @@ func (e *Election) Run(ctx context.Context, lead func(ctx context.Context, lease
 			// campaign again.
 			failures++
 			e.l.log.Warn("dlock: election: campaign failed; trying again", "key", e.key, "err", err)
-			if sleep(ctx, e.l.backoff(e.l.opts.RetryMax, failures-1), nil) != nil {
-				return context.Cause(ctx)
+			if !pause(e.l.backoff(failureBackoff, failures-1)) {
+				return e.stopped(ctx)
 			}
 			continue
 		}
 		failures = 0
+		granted := time.Now()
 		gaveUp := e.lead(ctx, le, lead)
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			return context.Cause(ctx)
-		}
-		if gaveUp && sleep(ctx, 2*e.l.opts.RetryMax, nil) != nil {
-			return context.Cause(ctx)
+		case e.l.closing.Err() != nil:
+			return opErr("election", e.key, ErrClosed)
+		case gaveUp:
+			losses = 0
+			if !pause(2 * e.l.opts.RetryMax) {
+				return e.stopped(ctx)
+			}
+		case time.Since(granted) < e.ao.TTL/3:
+			// Lost as soon as granted (a session that is gone, a
+			// key deleted by another client): do not spin.
+			losses++
+			e.l.log.Warn("dlock: election: leadership lost right after the grant; campaigning again", "key", e.key, "term", le.Token(), "err", le.Err())
+			if !pause(e.l.backoff(failureBackoff, losses-1)) {
+				return e.stopped(ctx)
+			}
+		default:
+			losses = 0
 		}
 	}
+}
+
+// stopped is Run's result when a pause was cut short: ctx's cause, or
+// ErrClosed.
+func (e *Election) stopped(ctx context.Context) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return opErr("election", e.key, ErrClosed)
 }
 
 // lead runs one term: lead under a context that ends with the lease, then
@@ -212,21 +254,23 @@ func (e *Election) lead(ctx context.Context, le *Lease, lead func(context.Contex
 	e.mu.Lock()
 	e.mu.term = t
 	e.mu.Unlock()
+	// Deferred, so that a panicking lead gives the lease back too (the
+	// watchdog would keep it forever: there is no MaxHold).
 	defer func() {
+		resign(context.Canceled)
+		cancelLease()
+		// Still held, or released by lead itself: given up, not lost.
+		err := le.Err()
+		gaveUp = err == nil || errors.Is(err, errReleased)
+		e.giveBack(ctx, le)
 		e.mu.Lock()
 		e.mu.term = nil
 		e.mu.Unlock()
 		close(t.done)
 	}()
-
-	err := lead(lctx, le)
-	resign(context.Canceled)
-	cancelLease()
-	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrClosed) {
+	if err := lead(lctx, le); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrClosed) {
 		e.l.log.Warn("dlock: election: the leader's function failed; leadership given up", "key", e.key, "term", le.Token(), "err", err)
 	}
-	gaveUp = le.Err() == nil
-	e.giveBack(ctx, le)
 	return gaveUp
 }
 
@@ -242,9 +286,11 @@ func (e *Election) giveBack(ctx context.Context, le *Lease) {
 // Resign gives leadership up if this candidate leads: it cancels the
 // leader's context, waits for lead to return and for the lease to be given
 // back, and returns nil; Run then campaigns again after a pause (see Run).
-// When this candidate does not lead, it returns nil at once. When ctx ends
-// first it returns ctx.Err(); the lease is still given back once lead
-// returns.
+// When this candidate does not lead, it returns nil at once; a term that
+// begins while Resign runs (a grant that was on its way) is not ended by
+// it. When ctx ends first it returns ctx.Err(); the lease is still given
+// back once lead returns. lead itself must not call Resign (it would wait
+// for itself): to step down from within lead, return.
 func (e *Election) Resign(ctx context.Context) error {
 	e.mu.Lock()
 	t := e.mu.term
@@ -287,6 +333,7 @@ func (e *Election) observe(ctx context.Context) {
 	var (
 		last    LockInfo
 		first   = true
+		failing bool // the last Inspect failed (logged once)
 		changed <-chan struct{}
 		stop    = func() {}
 	)
@@ -302,9 +349,16 @@ func (e *Election) observe(ctx context.Context) {
 			}
 		}
 		info, err := e.Leader(ctx)
-		if err == nil && (first || info.Held != last.Held || info.Token != last.Token || info.Holder != last.Holder) {
-			first, last = false, info
-			e.onLeader(info)
+		switch {
+		case err != nil && !failing && ctx.Err() == nil:
+			failing = true
+			l.log.Warn("dlock: election: cannot read the leader; trying again", "key", e.key, "err", err)
+		case err == nil:
+			failing = false
+			if first || info.Held != last.Held || info.Token != last.Token || info.Holder != last.Holder {
+				first, last = false, info
+				e.onLeader(info)
+			}
 		}
 		if changed == nil || err != nil {
 			if sleep(ctx, l.opts.RetryMax, nil) != nil {
@@ -316,9 +370,15 @@ func (e *Election) observe(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case _, ok := <-changed:
-			if !ok { // the watch ended by itself: read again and watch anew
+			if !ok {
+				// The watch ended by itself: watch anew and read
+				// again, after a pause (a watch that keeps ending at
+				// once must not spin).
 				stop()
 				changed, stop = nil, func() {}
+				if sleep(ctx, jitter(l.opts.RetryMax), nil) != nil {
+					return
+				}
 			}
 		}
 	}

@@ -165,7 +165,10 @@ func (le *Lease) Err() error {
 }
 
 // Context returns a context derived from parent that is cancelled when the
-// lease ends; context.Cause then returns Err. Call cancel when done with it.
+// lease ends; context.Cause then returns Err. The Locker's Close cancels it
+// (cause ErrClosed) before it gives the lock back, so that work under it
+// stops before another holder can take the lock; Release does not, so the
+// context may be the one passed to Release. Call cancel when done with it.
 //
 // It starts no goroutine: the lease's end cancels the context directly.
 func (le *Lease) Context(parent context.Context) (context.Context, context.CancelFunc) {
@@ -381,6 +384,18 @@ func (le *Lease) release(ctx context.Context, reason error) error {
 		}
 		return err
 	}
+}
+
+// endContexts cancels the contexts made by Context with cause reason, ahead
+// of the lease's end (which cancels those made later): Close calls it
+// before it gives the lock back.
+func (le *Lease) endContexts(reason error) {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	for cancel := range le.onEnd {
+		(*cancel)(reason)
+	}
+	le.onEnd = nil
 }
 
 // notHeld turns the reason a lease ended into the error of a later Release or

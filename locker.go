@@ -803,6 +803,11 @@ func (l *Locker) Close() error {
 	}
 	l.mu.Unlock()
 
+	// Work under the leases' contexts stops before any lock is given
+	// back, so it cannot go on while a new holder has the lock.
+	for _, le := range leases {
+		le.endContexts(ErrClosed)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), closeReleaseTimeout)
 	var wg sync.WaitGroup
 	for _, le := range leases {

@@ -137,10 +137,10 @@ func termOf(t *testing.T, line string) int {
 
 // proc is a child process whose standard output is read line by line.
 type proc struct {
-	name  string
-	cmd   *exec.Cmd
-	out   chan []string // the lines so far, passed around as a token
-	done  chan error
+	name string
+	cmd  *exec.Cmd
+	out  chan []string // the lines so far, passed around as a token
+	done chan error
 }
 
 func start(t *testing.T, name, bin string, env []string, args ...string) *proc {
