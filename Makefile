@@ -102,3 +102,18 @@ peers:
 # the harness builds and runs (CI).
 peers-smoke:
 	tests/bench/run.sh --smoke
+
+# Leader failover time (tests/failover): the leader's process killed with
+# SIGKILL, then the time until the next candidate leads, for dlock's
+# Election on every backend beside etcd's concurrency.Election and
+# client-go's leaderelection (its lock on etcd), on the same servers with
+# a lease time of 3s; RUNS runs per configuration (default 20), without
+# -race, then the Markdown table (p50, p99). `make test` runs it with 2
+# runs per configuration, as a smoke test that checks no figure.
+.PHONY: failover
+failover:
+	env=$$(scripts/test.sh --setup-only) && eval "$$env" && \
+		table=$$(mktemp) && trap 'rm -f "$$table"' EXIT && \
+		DLOCK_FAILOVER_RUNS=$(or $(RUNS),20) DLOCK_FAILOVER_TABLE="$$table" \
+		$(GO) test -count=1 -timeout 0 -v -run '^TestFailover$$' ./tests/failover/; \
+	status=$$?; if [ -s "$${table:-}" ]; then echo; cat "$$table"; fi; exit $$status
