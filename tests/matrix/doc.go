@@ -15,6 +15,13 @@
 // and what they survive" section differs from the observed matrix.
 // `make matrix` runs it and rewrites that table.
 //
+// The rows marked "election" run the workload on dlock.Election instead
+// (election_test.go), under the faults where a leader differs from a
+// mutex holder: a leader paused past its TTL, whose lead context must end
+// when it resumes, and a kill -9 of the server the leader talks to, which
+// its refreshed term must outlast. Each term is recorded as a lease
+// (check.History.Granted, check.Lease.GivenUp) and checked the same way.
+//
 // Some expectations cannot come out unsafe on today's backends, by
 // construction: a holder that goes on after its lease (paused, cut off,
 // its lock dropped) is refused by the fenced register on every backend

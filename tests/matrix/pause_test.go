@@ -72,10 +72,15 @@ const (
 // register with its token), "write" (asks the parent to write Value+1 with
 // its token, having read Value), "released" (Start, End, Err, NotHeld,
 // LeaseLost of its Release, and LeaseErr, the lease's Err after it),
-// "error" (Err: the child gives up).
+// "error" (Err: the child gives up). The election child (election_test.go)
+// sends "acquired" when it is elected, and instead of "released": "ended"
+// (Start: when its lead function's context ended, Err its cause, LeaseLost
+// whether that matches ErrLeaseLost; End: when lead gave the term up) and
+// "stopped" (Err: what Run returned).
 //
-// Parent to child: "acquire", "value" (Value, OK: the read's result),
-// "written" (OK: whether the write was accepted).
+// Parent to child: "acquire" ("campaign" for the election child), "value"
+// (Value, OK: the read's result), "written" (OK: whether the write was
+// accepted).
 type pauseMsg struct {
 	Ev        string        `json:"ev"`
 	Token     dlock.Token   `json:"token,omitempty"`
@@ -95,42 +100,14 @@ type pauseMsg struct {
 // key with AutoRefresh, reports its lease, and goes through its critical
 // section with the parent, which holds the register (see pauseMsg).
 func pauseChild() int {
-	var outMu sync.Mutex
-	send := func(m pauseMsg) {
-		b, _ := json.Marshal(m)
-		outMu.Lock()
-		defer outMu.Unlock()
-		_, _ = os.Stdout.Write(append(b, '\n'))
-	}
-	fail := func(format string, args ...any) int {
-		send(pauseMsg{Ev: "error", Err: fmt.Sprintf(format, args...)})
-		return 1
-	}
-	in := bufio.NewScanner(os.Stdin)
-	next := func(ev string) (pauseMsg, error) {
-		var m pauseMsg
-		if !in.Scan() {
-			return m, fmt.Errorf("waiting for %q: stdin ended (%v)", ev, in.Err())
-		}
-		if err := json.Unmarshal(in.Bytes(), &m); err != nil || m.Ev != ev {
-			return m, fmt.Errorf("waiting for %q: got %q (%v)", ev, in.Text(), err)
-		}
-		return m, nil
-	}
-	ttl, err := time.ParseDuration(os.Getenv(pauseTTLEnv))
+	cio := newChildIO()
+	send, fail, next := cio.send, cio.fail, cio.next
+	l, key, ttl, err := childLocker()
 	if err != nil {
-		return fail("%s: %v", pauseTTLEnv, err)
-	}
-	key := os.Getenv(pauseKeyEnv)
-
-	ctx := context.Background()
-	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	l, err := dlock.Open(octx, os.Getenv(pauseURLEnv))
-	cancel()
-	if err != nil {
-		return fail("Open: %v", err)
+		return fail("%v", err)
 	}
 	defer l.Close()
+	ctx := context.Background()
 	send(pauseMsg{Ev: "ready"})
 
 	if _, err := next("acquire"); err != nil {
@@ -210,6 +187,57 @@ func pauseErrText(err error) string {
 	return err.Error()
 }
 
+// childIO is a child process's side of the lines it exchanges with the
+// parent (see pauseMsg): JSON lines on stdout and stdin.
+type childIO struct {
+	mu sync.Mutex
+	in *bufio.Scanner
+}
+
+func newChildIO() *childIO { return &childIO{in: bufio.NewScanner(os.Stdin)} }
+
+// send writes m to the parent.
+func (c *childIO) send(m pauseMsg) {
+	b, _ := json.Marshal(m)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, _ = os.Stdout.Write(append(b, '\n'))
+}
+
+// fail reports that the child gives up, and returns its exit code.
+func (c *childIO) fail(format string, args ...any) int {
+	c.send(pauseMsg{Ev: "error", Err: fmt.Sprintf(format, args...)})
+	return 1
+}
+
+// next reads the parent's next line, which must be ev.
+func (c *childIO) next(ev string) (pauseMsg, error) {
+	var m pauseMsg
+	if !c.in.Scan() {
+		return m, fmt.Errorf("waiting for %q: stdin ended (%v)", ev, c.in.Err())
+	}
+	if err := json.Unmarshal(c.in.Bytes(), &m); err != nil || m.Ev != ev {
+		return m, fmt.Errorf("waiting for %q: got %q (%v)", ev, c.in.Text(), err)
+	}
+	return m, nil
+}
+
+// childLocker opens the child's Locker on the URL its environment names,
+// and returns it with the key and the TTL the environment names.
+func childLocker() (l *dlock.Locker, key string, ttl time.Duration, err error) {
+	ttl, err = time.ParseDuration(os.Getenv(pauseTTLEnv))
+	if err != nil {
+		return nil, "", 0, fmt.Errorf("%s: %w", pauseTTLEnv, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err = dlock.Open(ctx, os.Getenv(pauseURLEnv))
+	if err != nil {
+		return nil, "", 0, fmt.Errorf("Open: %w", err)
+	}
+	return l, os.Getenv(pauseKeyEnv), ttl, nil
+}
+
 // pausedClient is the parent's side of the paused child: the process, the
 // lines it reports, and the lease it holds as recorded in the history.
 type pausedClient struct {
@@ -231,14 +259,22 @@ type pausedClient struct {
 	lost     string    // the lease's Err when Done fired, "" before
 }
 
-// startPausedClient starts the child process on url and waits until its
-// Locker is open. It is killed and reaped when the test ends, whatever
-// happened.
+// startPausedClient starts the paused client (pauseChild) on url: see
+// startChild.
 func startPausedClient(t *testing.T, e *env, url string) *pausedClient {
+	t.Helper()
+	return startChild(t, e, pauseChildName, url)
+}
+
+// startChild starts the child process child (a name in children) on url,
+// with the key e.key and the TTL victimTTL, and waits until its Locker is
+// open (it sends "ready"). It is killed and reaped when the test ends,
+// whatever happened.
+func startChild(t *testing.T, e *env, child, url string) *pausedClient {
 	t.Helper()
 	c := &pausedClient{t: t, e: e, name: "paused", msgs: make(chan pauseMsg, 16), quit: make(chan struct{}), exited: make(chan error, 1)}
 	c.cmd = exec.Command(os.Args[0])
-	c.cmd.Env = append(os.Environ(), childEnv+"="+pauseChildName, pauseURLEnv+"="+url, pauseKeyEnv+"="+e.key, pauseTTLEnv+"="+victimTTL.String())
+	c.cmd.Env = append(os.Environ(), childEnv+"="+child, pauseURLEnv+"="+url, pauseKeyEnv+"="+e.key, pauseTTLEnv+"="+victimTTL.String())
 	c.cmd.Stderr = &c.stderr
 	c.cmd.WaitDelay = 10 * time.Second
 	var err error
