@@ -143,7 +143,9 @@ func defaultHolder() string {
 //     lead releases the lease itself: the cause matches ErrNotHeld; ctx
 //     ends: the cause is ctx's.
 //
-// lead must return promptly once its context is done. When it has
+// A term whose lease is lost before lead is called (a session that expired
+// at the grant) is not led: lead is not called. lead must return promptly
+// once its context is done. When it has
 // returned, Run gives the lease back (never before, so two of a process's
 // terms do not overlap; a panic in lead gives it back too, and goes on)
 // and, unless ctx is done, campaigns again: at once after a loss (after a
@@ -268,6 +270,11 @@ func (e *Election) lead(ctx context.Context, le *Lease, lead func(context.Contex
 		e.mu.Unlock()
 		close(t.done)
 	}()
+	if lctx.Err() != nil {
+		// Lost before it began (a session that expired at the grant): no
+		// lead for a term that is over.
+		return gaveUp
+	}
 	if err := lead(lctx, le); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrClosed) {
 		e.l.log.Warn("dlock: election: the leader's function failed; leadership given up", "key", e.key, "term", le.Token(), "err", err)
 	}

@@ -164,8 +164,9 @@ type AcquireOptions struct {
 	// "web-3/4242" (hostname/pid): every backend of this repository
 	// stores it with the lock, and Inspect returns it (LockInfo.Holder)
 	// while the lease is held. It is not an identity check: nothing is
-	// refused for a holder's name. At most 256 bytes of UTF-8 without
-	// control characters, or the acquire fails with ErrInvalidConfig
+	// refused for a holder's name. At most 256 bytes of printable UTF-8
+	// (unicode.IsPrint: no control, format or separator characters other
+	// than the ASCII space), or the acquire fails with ErrInvalidConfig
 	// before any I/O. Default "" (none).
 	Holder string
 }

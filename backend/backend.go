@@ -244,9 +244,12 @@ type Request struct {
 const MaxHolderLen = 256
 
 // ValidateHolder checks a holder description: at most [MaxHolderLen] bytes
-// of valid UTF-8 without control characters (it is shown by `dlock
-// inspect` and in logs, and must not be able to move a terminal's cursor).
-// The error wraps [ErrInvalidConfig].
+// of valid UTF-8, every character printable as unicode.IsPrint defines it
+// (letters, marks, numbers, punctuation, symbols and the ASCII space; no
+// control, format or separator characters): it is shown by `dlock inspect`
+// and in logs, and must neither move a terminal's cursor nor hide or
+// reorder text (a right-to-left override, a zero-width space). The error
+// wraps [ErrInvalidConfig].
 func ValidateHolder(h string) error {
 	switch {
 	case len(h) > MaxHolderLen:
@@ -255,8 +258,8 @@ func ValidateHolder(h string) error {
 		return fmt.Errorf("%w: holder: not valid UTF-8", ErrInvalidConfig)
 	}
 	for i, r := range h {
-		if unicode.IsControl(r) {
-			return fmt.Errorf("%w: holder: control character %U at byte %d", ErrInvalidConfig, r, i)
+		if !unicode.IsPrint(r) {
+			return fmt.Errorf("%w: holder: character %U at byte %d is not printable", ErrInvalidConfig, r, i)
 		}
 	}
 	return nil

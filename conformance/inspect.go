@@ -134,7 +134,7 @@ func RunInspect(t *testing.T, newHarness HarnessMaker, caps InspectCaps) {
 		// ErrUnavailable.
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
-		for _, h := range []string{strings.Repeat("h", backend.MaxHolderLen+1), "a\x1b[2Jb", "\xff"} {
+		for _, h := range []string{strings.Repeat("h", backend.MaxHolderLen+1), "a\x1b[2Jb", "\xff", "evil\u202egnp.exe", "zero\u200bwidth"} {
 			_, err := b.TryAcquire(cctx, k, &dlock.AcquireOptions{TTL: ttl, Holder: h})
 			if !errors.Is(err, dlock.ErrInvalidConfig) {
 				t.Errorf("TryAcquire with holder %.20q…: got %v, want an error matching ErrInvalidConfig", h, err)

@@ -39,14 +39,24 @@ var errWatchEnded = errors.New("the watch ended before the server created it")
 // as the Driver's prefix watch does; a compaction past the revision the
 // client resumed from), the client was closed, or the Driver was; the
 // caller then reads the state again and watches anew. A member that froze
-// cancels nothing, and a watch on it stays silent (see Failures in the
-// package documentation). The watch shares the client's watch stream with
+// cancels nothing and keeps the stream open: so the watch asks the member
+// for a progress notification every request timeout, and ends (the
+// channel is closed) when one asked for a request timeout earlier has not
+// come, nor anything else since: a watch on a frozen member ends within two
+// request timeouts. The watch shares the client's watch stream with
 // the Driver's prefix watch; it costs one watcher on the server and one
 // goroutine here until stop, which cancels the watch and waits for that
-// goroutine. Errors wrap backend.ErrUnavailable (and ctx.Err() when ctx
-// ended first), or backend.ErrClosed after Close.
+// goroutine. A bad key is refused before any I/O (backend.ErrInvalidKey).
+// Errors wrap backend.ErrUnavailable (and ctx.Err() when ctx ended first),
+// or backend.ErrClosed when Close came first.
 func (d *Driver) WatchChanges(ctx context.Context, key string) (changed <-chan struct{}, stop func(), err error) {
 	const doing = "watching the lock's queue"
+	if err := backend.ValidateKey(key); err != nil {
+		return nil, nil, err
+	}
+	if err := d.ValidateKey(key); err != nil {
+		return nil, nil, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, nil, fmt.Errorf("%w: etcd: %s: %w", backend.ErrUnavailable, doing, err)
 	}
@@ -65,8 +75,41 @@ func (d *Driver) WatchChanges(ctx context.Context, key string) (changed <-chan s
 		defer close(ch)
 		defer cancel()
 		wch := d.client.Watch(wctx, dir, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
-		first := true
-		for wr := range wch {
+		// A member that froze keeps the stream open and cancels
+		// nothing: ask for a progress notification every request
+		// timeout, and end the watch when the one asked for last time
+		// has not come (nor anything else since).
+		probe := time.NewTicker(d.timeout)
+		defer probe.Stop()
+		first, asked, answered := true, false, false
+		for {
+			var (
+				wr clientv3.WatchResponse
+				ok bool
+			)
+			select {
+			case wr, ok = <-wch:
+			case <-probe.C:
+				switch {
+				case first:
+					// Not created yet: WatchChanges times that.
+				case asked && !answered:
+					return // the member did not answer within a request timeout
+				default:
+					asked, answered = true, false
+					pctx, pcancel := context.WithTimeout(wctx, d.timeout)
+					err := d.client.RequestProgress(pctx)
+					pcancel()
+					if err != nil && wctx.Err() == nil {
+						return // the stream is stuck
+					}
+				}
+				continue
+			}
+			if !ok {
+				break
+			}
+			answered = true
 			if first {
 				first = false
 				if err := wr.Err(); err != nil || !wr.Created {
@@ -115,6 +158,9 @@ func (d *Driver) WatchChanges(ctx context.Context, key string) (changed <-chan s
 	if err != nil {
 		cancel()
 		<-done
+		if d.ctx.Err() != nil { // Close ended the watch before it was made
+			return nil, nil, fmt.Errorf("%w: etcd: %s", backend.ErrClosed, doing)
+		}
 		return nil, nil, err
 	}
 	var once sync.Once

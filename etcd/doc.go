@@ -120,8 +120,10 @@
 // receive, within a round trip. An observer of a lock (the followers of a
 // dlock election) thus learns of a new holder without polling Inspect.
 // The channel is closed when the server cancels the watch (a member
-// without a leader, a compaction), or at Close; a broken connection is
-// resumed by the client without missing a change.
+// without a leader, a compaction), when the member does not answer a
+// progress request within a request timeout (a frozen member: the watch
+// asks every request timeout), or at Close; a broken connection is resumed
+// by the client without missing a change.
 //
 // # Fencing token
 //

@@ -24,8 +24,10 @@ var _ backend.Inspector = (*Driver)(nil)
 // backend.MaxHolderLen bytes, one read of it. Longer data, or data that is
 // not a valid description (backend.ValidateHolder: planted by a client
 // allowed to write the node, or by another program's lock recipe), is
-// never shown: Holder is "" then, so data planted in a node costs
-// Inspect at most MaxHolderLen bytes and cannot reach a terminal.
+// never shown: Holder is "" then, so planted data cannot reach a
+// terminal, and costs Inspect at most MaxHolderLen bytes unless the node
+// is rewritten between the Stat and the read (then at most ZooKeeper's
+// jute.maxbuffer, about 1 MB, once).
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
 	parent := d.parent(key)
 	for {

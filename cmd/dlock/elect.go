@@ -57,6 +57,11 @@ func runElect(ctx context.Context, e *env, locker *dlock.Locker, key string, eo 
 
 	err = el.Run(ctx, func(lctx context.Context, lease *dlock.Lease) error {
 		term := strconv.FormatUint(uint64(lease.Token()), 10)
+		if lctx.Err() != nil {
+			// The term ended before the command could start.
+			fmt.Fprintf(e.stderr, "dlock run: term %s of %s ended before the command was started (%v)\n", term, key, printable(fmt.Sprint(context.Cause(lctx))))
+			return nil
+		}
 		fmt.Fprintf(e.stderr, "dlock run: leading %s (term %s): starting the command\n", key, term)
 		c, err := startChild(e, lease, path, argv, true)
 		if err != nil {

@@ -35,8 +35,8 @@ func TestElectFlagsBeforeIO(t *testing.T) {
 		{[]string{"--elect", "--wait", "0"}, "--elect and --wait exclude each other"},
 		{[]string{"--elect", "--max-hold", "1h"}, "--elect and --max-hold exclude each other"},
 		{[]string{"--max-hold", "0", "--elect"}, "--elect and --max-hold exclude each other"},
-		{[]string{"--elect", "--holder", "web-3\x1b[2J"}, `--holder "web-3\x1b[2J": invalid configuration: holder: control character U+001B`},
-		{[]string{"--holder", "web-3\n4242"}, `--holder "web-3\n4242": invalid configuration: holder: control character U+000A`},
+		{[]string{"--elect", "--holder", "web-3\x1b[2J"}, `--holder "web-3\x1b[2J": invalid configuration: holder: character U+001B at byte 5 is not printable`},
+		{[]string{"--holder", "web-3\n4242"}, `--holder "web-3\n4242": invalid configuration: holder: character U+000A at byte 5 is not printable`},
 		{[]string{"--elect", "--holder", strings.Repeat("h", backend.MaxHolderLen+1)}, "holder: 257 bytes, longer than 256"},
 		{[]string{"--holder", "bad\xffutf8"}, "holder: not valid UTF-8"},
 	} {

@@ -159,7 +159,7 @@ func describe(key string, info dlock.LockInfo) string {
 		fmt.Fprintf(&b, " by token %d", info.Token)
 	}
 	if info.Holder != "" {
-		// Validated free of control characters by the library, but
+		// Validated printable by the library, but
 		// read from a server that anyone may have written to: quoted
 		// with escapes all the same when it is not plainly printable.
 		fmt.Fprintf(&b, ", holder %s", quoteIfNeeded(info.Holder))

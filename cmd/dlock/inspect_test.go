@@ -25,7 +25,7 @@ func TestDescribe(t *testing.T) {
 		{dlock.LockInfo{Held: true, Holder: "web-3/4242", Waiters: -1}, "KEY k held, holder web-3/4242"},
 		// Quoted, with escapes, when not one plainly printable word: a
 		// space, a double quote, a right-to-left override (U+202E, not
-		// a control character: ValidateHolder lets it through), and
+		// refused by ValidateHolder, but a server may hold it), and
 		// what a server could plant past the library's validation.
 		{dlock.LockInfo{Held: true, Token: 7, Holder: "deploy job 7", Waiters: -1}, `KEY k held by token 7, holder "deploy job 7"`},
 		{dlock.LockInfo{Held: true, Token: 7, Holder: `"x"`, Waiters: -1}, `KEY k held by token 7, holder "\"x\""`},

@@ -98,7 +98,9 @@ The next leader may start its command before a lost leader's command has
 stopped (within --grace): pass DLOCK_TOKEN to the resource. If dlock
 itself dies (SIGKILL, a crash), the kernel kills the command at once on
 Linux (the parent-death signal, SIGKILL), so that it does not run on
-beside the next leader's; elsewhere it runs on, as with dlock run. A
+beside the next leader's (unless the command execs a set-user-ID,
+set-group-ID or file-capability program, for which the kernel drops that
+signal); elsewhere it runs on, as with dlock run. A
 command that starts processes of its own should stop them when it gets
 SIGTERM, as SIGKILL reaches the command alone. --try, --wait and
 --max-hold do not apply to a candidate and are refused. Exit status with
@@ -126,7 +128,7 @@ func runCmd(ctx context.Context, e *env, args []string) int {
 	elect := fs.Bool("elect", false, "campaign for leadership of KEY and run the command only while leading;\n"+
 		"campaign again when it exits or leadership is lost, until a signal stops dlock")
 	holder := fs.String("holder", "", "the holder's `description`, stored with the lock for dlock inspect: at most\n"+
-		"256 bytes, no control characters (default hostname/pid)")
+		"256 bytes of printable characters (default hostname/pid)")
 	if status, ok := parseFlags(e, "run", fs, args); !ok {
 		return status
 	}
