@@ -468,7 +468,7 @@ func (d *Driver) enqueuePooled(ctx context.Context, req backend.Request, secs in
 
 // join puts our key (on w.el, with w.holder as its value: the holder
 // description is stored atomically with the grant) in the queue and reads
-// the queue's head (keys only), in one transaction; the hub's interest in
+// the queue's head, in one transaction; the hub's interest in
 // our key is registered first, so that no delete of it is missed. It
 // reports whether we are first.
 func (w *waiter) join(ctx context.Context) (bool, error) {
@@ -481,7 +481,7 @@ func (w *waiter) join(ctx context.Context) (bool, error) {
 			If(clientv3.Compare(clientv3.CreateRevision(w.myKey), "=", 0)).
 			Then(
 				clientv3.OpPut(w.myKey, w.holder, clientv3.WithLease(w.el.id)),
-				clientv3.OpGet(dir, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...),
+				clientv3.OpGet(dir, clientv3.WithFirstCreate()...),
 			).Commit()
 	})
 	if err != nil {
@@ -596,9 +596,8 @@ func (w *waiter) wait(ctx context.Context) error {
 	// Each read takes, in one transaction, the key just ahead of ours and
 	// our own key (which must still be there: a waiter whose lease expired
 	// while queued is never granted the lock).
-	// Keys only: the values (holder descriptions) are not needed.
-	ahead := clientv3.OpGet(w.d.dir(w.key), append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(w.rev-1), clientv3.WithKeysOnly())...)
-	own := clientv3.OpGet(w.myKey, clientv3.WithKeysOnly())
+	ahead := clientv3.OpGet(w.d.dir(w.key), append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(w.rev-1))...)
+	own := clientv3.OpGet(w.myKey)
 	for {
 		// Before the read: a delete after it is then not missed.
 		reg.reset()
@@ -676,7 +675,7 @@ func waitErr(ctx context.Context, err error) error {
 // reports whether it is gone.
 func (w *waiter) predGone(ctx context.Context, key string, createRev int64) (bool, error) {
 	resp, err := queued(ctx, w, "reading the predecessor", func(ctx context.Context) (*clientv3.GetResponse, error) {
-		return w.d.client.Get(ctx, key, clientv3.WithKeysOnly())
+		return w.d.client.Get(ctx, key)
 	})
 	if err != nil {
 		return false, err
