@@ -14,7 +14,6 @@ import (
 
 	"github.com/go-zookeeper/zk"
 	goredis "github.com/redis/go-redis/v9"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dlock-go/dlock"
@@ -142,20 +141,32 @@ var backends = []*backend{
 				})
 			},
 			expire: func(ctx context.Context, key string) (bool, dlock.Token, error) {
-				// Revoke the lease of the holder: the entry of the
-				// key's queue with the lowest create revision, which
-				// is its token. Waiters stay queued.
+				// Delete the holder's entry (the one of the key's
+				// queue with the lowest create revision, which is its
+				// token), as the server does when its lease runs out,
+				// if it is still there on the lease read. Not a revoke
+				// of that lease: the holder may have released the key
+				// since the read, and its Locker reuses a released
+				// lease for its next grant (the lease pool), so a
+				// revoke would drop another key's lock. Waiters stay
+				// queued.
 				dir := etcd.DefaultPrefix + strings.NewReplacer("%", "%25", "/", "%2F").Replace(key) + "/"
 				resp, err := admin.Get(ctx, dir, clientv3.WithFirstCreate()...)
 				if err != nil || len(resp.Kvs) == 0 {
 					return false, 0, err
 				}
 				kv := resp.Kvs[0]
-				if _, err := admin.Revoke(ctx, clientv3.LeaseID(kv.Lease)); err != nil {
-					if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-						return false, 0, nil // released (or moved by a refresh) since the read
-					}
+				k := string(kv.Key)
+				tr, err := admin.Txn(ctx).
+					If(clientv3.Compare(clientv3.CreateRevision(k), "=", kv.CreateRevision),
+						clientv3.Compare(clientv3.LeaseValue(k), "=", clientv3.LeaseID(kv.Lease))).
+					Then(clientv3.OpDelete(k)).
+					Commit()
+				if err != nil {
 					return false, 0, err
+				}
+				if !tr.Succeeded {
+					return false, 0, nil // released (or moved by a refresh) since the read
 				}
 				return true, dlock.Token(kv.CreateRevision), nil
 			},
