@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -247,37 +246,10 @@ func runElectionPause(t *testing.T, e *env) {
 	t.Logf("child %d leads: term %d, TTL %v", c.cmd.Process.Pid, acq.Token, acq.TTL)
 	crowd.start(t)
 
-	// The leader reads the register right after its election; stop it as
-	// soon as it has the value, inside its critical section.
-	r := c.await("read", electionBound)
-	v, ok := e.reg.Read(r.Token)
-	if !ok {
-		t.Fatalf("the register refused the first leader's read (term %d)", r.Token)
-	}
-	c.send(pauseMsg{Ev: "value", Value: v, OK: true})
-	c.signal(syscall.SIGSTOP)
-	pausedAt := time.Now()
-
-	// Paused until the lease is over for the servers too: another
-	// candidate leads and has written the register with a later term.
-	var taken check.Op
-	for end := time.Now().Add(electionBound); ; time.Sleep(20 * time.Millisecond) {
-		_, deadline, _ := c.lease()
-		if op, ok := pauseFind(e.h, func(op check.Op) bool {
-			return op.Kind == check.Write && op.Accepted && op.Token > acq.Token
-		}); ok && time.Now().After(deadline) {
-			taken = op
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatalf("no candidate was elected and wrote the register with a term above %d within %v of pausing the leader", acq.Token, electionBound)
-		}
-	}
-	// Every line the child wrote before it stopped has been read by now:
-	// this is its lease's last Deadline.
-	_, before, _ := c.lease()
-	resumedAt := time.Now()
-	c.signal(syscall.SIGCONT)
+	// The leader reads the register right after its election; it is
+	// stopped inside its critical section until another candidate, elected
+	// meanwhile, has written with a later term.
+	taken, pausedAt, before, resumedAt := c.pauseInside(acq, electionBound, "leader", "candidate")
 	t.Logf("leader paused %v (lease TTL %v, its last Deadline %v after the pause began); %s was elected with term %d and wrote the register",
 		resumedAt.Sub(pausedAt).Round(time.Millisecond), acq.TTL, before.Sub(pausedAt).Round(time.Millisecond), taken.Client, taken.Token)
 

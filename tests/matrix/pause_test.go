@@ -459,38 +459,9 @@ func runClientPause(t *testing.T, e *env) {
 		})
 	}
 
-	// The child asks to read right after acquiring; stop it as soon as it
-	// has the value, inside its critical section.
-	r := c.await("read", bound)
-	v, ok := e.reg.Read(r.Token)
-	if !ok {
-		t.Fatalf("the register refused the first holder's read (token %d)", r.Token)
-	}
-	c.send(pauseMsg{Ev: "value", Value: v, OK: true})
-	c.signal(syscall.SIGSTOP)
-	pausedAt := time.Now()
-
-	// Stay paused until the lease is over for the servers too: a contender
-	// holds the key and has written the register with a larger token.
-	var taken check.Op
-	for end := time.Now().Add(bound); ; time.Sleep(20 * time.Millisecond) {
-		_, deadline, _ := c.lease()
-		if op, ok := pauseFind(e.h, func(op check.Op) bool {
-			return op.Kind == check.Write && op.Accepted && op.Token > acq.Token
-		}); ok && time.Now().After(deadline) {
-			taken = op
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatalf("no contender wrote the register with a token above %d within %v of pausing the holder", acq.Token, bound)
-		}
-	}
-	// Every line the child wrote before it stopped has been read by now
-	// (the pause lasted seconds): this is the last Deadline it reported
-	// before the pause, the end of its lease's validity.
-	_, before, _ := c.lease()
-	c.signal(syscall.SIGCONT)
-	resumedAt := time.Now()
+	// The child asks to read right after acquiring; it is stopped inside
+	// its critical section until a contender has written.
+	taken, pausedAt, before, resumedAt := c.pauseInside(acq, bound, "holder", "contender")
 	first, _ := pauseFind(e.h, func(op check.Op) bool { return op.Granted() && op.Client != c.name })
 	t.Logf("paused %v (lease TTL %v); the lease's last Deadline before the pause was %v after pausing; a contender was granted %v after it (token %d), and wrote the register with token %d",
 		resumedAt.Sub(pausedAt).Round(time.Millisecond), acq.TTL, before.Sub(pausedAt).Round(time.Millisecond),
@@ -557,6 +528,43 @@ func runClientPause(t *testing.T, e *env) {
 		}
 		since = op.End
 	}
+}
+
+// pauseInside pauses the child, which holds the lease granted by acq, inside
+// its critical section: it answers the child's read of the register, stops
+// it (SIGSTOP) as soon as it has the value, keeps it stopped until its lease
+// is over and another client has written the register with a larger token
+// (within bound), and resumes it (SIGCONT). It returns that write, when the
+// pause began, the child's last Deadline before the pause (every line it
+// wrote before it stopped has been read by then: the end of its lease's
+// validity) and when it resumed. who and other name the child and the
+// others in failures ("holder" and "contender", "leader" and "candidate").
+func (c *pausedClient) pauseInside(acq check.Op, bound time.Duration, who, other string) (taken check.Op, pausedAt, before, resumedAt time.Time) {
+	t, e := c.t, c.e
+	r := c.await("read", bound)
+	v, ok := e.reg.Read(r.Token)
+	if !ok {
+		t.Fatalf("the register refused the first %s's read (token %d)", who, r.Token)
+	}
+	c.send(pauseMsg{Ev: "value", Value: v, OK: true})
+	c.signal(syscall.SIGSTOP)
+	pausedAt = time.Now()
+	for end := time.Now().Add(bound); ; time.Sleep(20 * time.Millisecond) {
+		_, deadline, _ := c.lease()
+		if op, ok := pauseFind(e.h, func(op check.Op) bool {
+			return op.Kind == check.Write && op.Accepted && op.Token > acq.Token
+		}); ok && time.Now().After(deadline) {
+			taken = op
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("no %s wrote the register with a token above %d within %v of pausing the %s", other, acq.Token, bound, who)
+		}
+	}
+	_, before, _ = c.lease()
+	resumedAt = time.Now()
+	c.signal(syscall.SIGCONT)
+	return taken, pausedAt, before, resumedAt
 }
 
 // pauseFind returns the first op of h that matches.
