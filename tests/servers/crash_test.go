@@ -136,7 +136,9 @@ func TestErrors(t *testing.T) {
 // containers are being created and waited for returns an error and
 // terminates what it had started: no container of this process is left
 // (counted by the owner label, with the docker command). The context ends
-// after a few delays in turn, so that some end mid-start.
+// after a few delays in turn, so that some end mid-start; the shortest end
+// during Docker's create, which must not leave a container the start
+// never got hold of.
 func TestCancelledStartLeavesNothing(t *testing.T) {
 	servers.ZooKeeper(t, 1) // skips (or fails) as any server test when there are no servers
 	mine := func() int {
@@ -147,7 +149,7 @@ func TestCancelledStartLeavesNothing(t *testing.T) {
 		return len(strings.Fields(string(out)))
 	}
 	cancelled := 0
-	for _, d := range []time.Duration{100 * time.Millisecond, 400 * time.Millisecond, time.Second, 2 * time.Second} {
+	for _, d := range []time.Duration{10 * time.Millisecond, 15 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond, 400 * time.Millisecond, time.Second, 2 * time.Second} {
 		ctx, cancel := context.WithTimeout(t.Context(), d)
 		c, err := servers.StartEtcd(ctx, 3)
 		cancel()

@@ -39,6 +39,9 @@ const (
 	// hostPortAttempts bounds retries when a chosen host port was taken by
 	// someone else between choosing it and the server binding it.
 	hostPortAttempts = 3
+	// createTimeout bounds the creation and start of one container (not
+	// its readiness), which the caller's context does not cut.
+	createTimeout = 2 * time.Minute
 )
 
 // kind describes one kind of server: everything the generic start path needs.
@@ -525,14 +528,30 @@ func tryStart(ctx context.Context, k *kind, mode string, p *plan, i int, nw *tes
 			opts = append(opts, network.WithNetwork([]string{m.name}, nw))
 		}
 	}
-	c, err := testcontainers.Run(ctx, k.image(), opts...)
+	if err := context.Cause(ctx); err != nil {
+		return nil, err
+	}
+	// The container is created and started on a context that the caller's
+	// end does not cut: Docker may finish a create whose client has hung
+	// up, and the container it made would then be held by no one (seen on
+	// a CI run: a start cut after 100 ms left a container behind). The
+	// caller's end is honoured once Run returns.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
+	c, err := testcontainers.Run(rctx, k.image(), opts...)
+	rcancel()
 	if c != nil {
 		s.c = c
 		remember(s)
 	}
+	if err == nil {
+		err = context.Cause(ctx)
+	}
 	if err != nil {
 		if c != nil {
 			_ = s.Terminate(context.WithoutCancel(ctx))
+		}
+		if cause := context.Cause(ctx); cause != nil {
+			return nil, cause
 		}
 		if err := reaperMissing(err); err != nil {
 			return nil, err
