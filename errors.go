@@ -42,7 +42,16 @@ var (
 	// ErrUnavailable: the backend could not be reached or could not give
 	// the promised durability.
 	ErrUnavailable = backend.ErrUnavailable
+	// ErrUnsupported: the backend does not serve what was asked (shared
+	// leases on Redlock: AcquireOptions.Permits or Shared). Returned
+	// before any I/O.
+	ErrUnsupported = backend.ErrUnsupported
 )
+
+// PermitsError is the cause of a semaphore acquire (AcquireOptions.Permits)
+// whose number of permits differs from that of the key's holders; it
+// matches ErrInvalidConfig.
+type PermitsError = backend.PermitsError
 
 // OpError is the error of an operation on a key. It wraps the cause, which
 // matches one of the sentinel errors.

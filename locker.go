@@ -169,6 +169,26 @@ type AcquireOptions struct {
 	// than the ASCII space), or the acquire fails with ErrInvalidConfig
 	// before any I/O. Default "" (none).
 	Holder string
+	// Permits makes the acquire take one permit of a counting semaphore
+	// of Permits permits on the key: at most Permits leases on the key
+	// are valid at once. Every holder of one semaphore must ask for the
+	// same Permits; an acquire that asks for another number while the
+	// key is held fails at once with an error matching ErrInvalidConfig
+	// (a *PermitsError says both numbers). A plain acquire (Permits 0,
+	// Shared false) on a semaphore's key is exclusive: it waits for every
+	// permit. Default 0: no semaphore. Negative: ErrInvalidConfig.
+	Permits int
+	// Shared makes the acquire take a reader's lease of a read-write lock
+	// on the key: any number of readers hold it together, while a plain
+	// acquire of the key (the writer) excludes them all. A reader waits
+	// while a writer waits (writers are not starved). Permits > 0 implies
+	// a shared lease too, bounded by Permits. Default false.
+	//
+	// Shared leases (Shared or Permits) are served by the backends whose
+	// Guarantees().Shared is true; on others (Redlock) the acquire fails
+	// with ErrUnsupported before any I/O. Their tokens increase across
+	// all grants on the key, shared and exclusive alike.
+	Shared bool
 }
 
 // Locker takes leases on keys from one backend. It is safe for concurrent use.
@@ -342,6 +362,9 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 	if err := l.check(key, &ao); err != nil {
 		return nil, opErr(op, key, err)
 	}
+	if ao.Shared && !l.drv.Guarantees().Shared {
+		return nil, opErr(op, key, fmt.Errorf("%w: %s serves no shared leases (semaphores, readers)", ErrUnsupported, l.name))
+	}
 	if err := l.enter(); err != nil {
 		return nil, opErr(op, key, err)
 	}
@@ -375,7 +398,7 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 	tried := false
 	if !wait || (queuer == nil && !l.inLine(key)) {
 		*attempts++
-		lease, err = l.try(ctx, key, &ao, l.drv.TryAcquire)
+		lease, err = l.try(ctx, key, &ao, wait, l.drv.TryAcquire)
 		if err == nil || !wait || !goOn(ctx, err) {
 			return lease, l.acquireErr(ctx, op, key, err)
 		}
@@ -390,7 +413,7 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 	if queuer != nil {
 		// The backend's own queue does the waiting.
 		*attempts++
-		lease, err = l.try(ctx, key, &ao, queuer.Acquire)
+		lease, err = l.try(ctx, key, &ao, true, queuer.Acquire)
 		return lease, l.acquireErr(ctx, op, key, err)
 	}
 	ln, me := l.joinLine(key)
@@ -463,7 +486,7 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 			attempt++
 		}
 		*attempts++
-		lease, err = l.try(ctx, key, &ao, l.drv.TryAcquire)
+		lease, err = l.try(ctx, key, &ao, true, l.drv.TryAcquire)
 		if err == nil || !goOn(ctx, err) {
 			return lease, l.acquireErr(ctx, op, key, err)
 		}
@@ -595,6 +618,12 @@ func (l *Locker) check(key string, ao *AcquireOptions) error {
 	if err := backend.ValidateHolder(ao.Holder); err != nil {
 		return err
 	}
+	if ao.Permits < 0 {
+		return fmt.Errorf("%w: Permits %d is negative", ErrInvalidConfig, ao.Permits)
+	}
+	if ao.Permits > 0 {
+		ao.Shared = true
+	}
 	if ao.MaxHold < 0 {
 		return fmt.Errorf("%w: MaxHold %v is negative", ErrInvalidConfig, ao.MaxHold)
 	}
@@ -716,10 +745,15 @@ func (l *Locker) enter() error {
 	return nil
 }
 
-// try makes one attempt and wraps a grant in a Lease.
-func (l *Locker) try(ctx context.Context, key string, ao *AcquireOptions, acquire func(context.Context, backend.Request) (backend.Lease, error)) (*Lease, error) {
+// try makes one attempt and wraps a grant in a Lease; wait tells an
+// attempt of a waiting Acquire from a TryAcquire.
+func (l *Locker) try(ctx context.Context, key string, ao *AcquireOptions, wait bool, acquire func(context.Context, backend.Request) (backend.Lease, error)) (*Lease, error) {
 	start := time.Now()
-	bl, err := acquire(ctx, backend.Request{Key: key, TTL: ao.TTL, Holder: ao.Holder})
+	req := backend.Request{Key: key, TTL: ao.TTL, Holder: ao.Holder, Shared: ao.Shared, Permits: ao.Permits}
+	if wait {
+		req.Wait = 2 * l.opts.RetryMax
+	}
+	bl, err := acquire(ctx, req)
 	if err != nil {
 		return nil, err
 	}

@@ -64,8 +64,14 @@ var (
 	// Returned before any I/O; dlock never clamps a TTL silently.
 	ErrInvalidTTL = errors.New("dlock: invalid ttl")
 	// ErrInvalidConfig: a bad option, URL or URL parameter. Returned before
-	// any I/O.
+	// any I/O, with one exception: a semaphore acquire whose number of
+	// permits differs from that of the key's holders learns it from the
+	// server (*[PermitsError]).
 	ErrInvalidConfig = errors.New("dlock: invalid configuration")
+	// ErrUnsupported: the backend does not serve what was asked (shared
+	// leases on Redlock, see [Guarantees].Shared). Returned before any
+	// I/O.
+	ErrUnsupported = errors.New("dlock: not supported by this backend")
 	// ErrUnavailable: the backend could not be reached, answered with an
 	// error, or could not give the promised durability (for example too
 	// few replicas acknowledged a write). The operation may or may not have
@@ -160,6 +166,12 @@ type Guarantees struct {
 	ToleratedFailures int
 	// FIFO reports that waiters are granted the lock in arrival order.
 	FIFO bool
+	// Shared reports that the backend serves shared leases ([Request].Shared:
+	// semaphore permits and readers' leases of read-write locks), with the
+	// same Fencing, ToleratedFailures, FIFO and ClockDependent as its
+	// exclusive ones. Without it the dlock layer refuses shared acquires
+	// with [ErrUnsupported] before any I/O.
+	Shared bool
 	// WakesWaiters reports that a waiting Acquire is woken when the holder
 	// releases, rather than polling. dlock.Locker.Guarantees sets it from
 	// whether the backend implements [Waiter] or [Queuer]; a backend leaves
@@ -237,7 +249,71 @@ type Request struct {
 	// backend stores it with the lock, atomically with the grant, and its
 	// [Inspector] returns it in [LockInfo].Holder while the lease is held.
 	Holder string
+	// Shared asks for a shared lease instead of an exclusive one: one
+	// permit of a semaphore of Permits (> 0) permits, or, with Permits 0,
+	// a reader's lease of a read-write lock (no bound on the number of
+	// readers). It is set only on a Driver whose [Guarantees].Shared is
+	// true. See "Shared leases" below.
+	Shared bool
+	// Permits is the size of the semaphore a shared request asks a permit
+	// of (0: readers, unbounded); always 0 when Shared is false. The
+	// dlock layer has checked that it is not negative.
+	Permits int
+	// Wait is 0 for a single attempt (TryAcquire); for an attempt of a
+	// waiting Acquire on a Driver without a [Queuer], it bounds the time
+	// until that waiter's next attempt (2 × dlock.Options.RetryMax). A
+	// backend without a queue keeps shared requests out for that long
+	// after an exclusive attempt found the key held by shared leases, so
+	// that a stream of readers cannot starve a writer.
+	Wait time.Duration
 }
+
+// Shared leases.
+//
+// A backend whose [Guarantees].Shared is true keeps, for every key, at
+// every moment, either at most one valid exclusive lease, or only shared
+// leases, all of one Permits, at most Permits of them when Permits > 0.
+// In detail:
+//   - A shared request on a key whose shared holders (or, on a backend
+//     with a queue, waiters ahead of it) asked for another Permits fails
+//     at once with a *[PermitsError]; it neither waits nor takes
+//     anything. An exclusive request on a semaphore's key is allowed: it
+//     waits for every permit to be given back, like a writer.
+//   - Writers are not starved: a shared request is not granted while an
+//     exclusive one waits for the key (on a [Queuer], an exclusive waiter
+//     queued ahead of it; on other backends, an exclusive attempt of a
+//     waiting Acquire that found the key held by shared leases within
+//     the last [Request].Wait).
+//   - Every grant's token, shared or exclusive, is larger than the token
+//     of every earlier grant on the key (as far as Fencing promises), so
+//     a resource that checks writers' tokens rejects a writer whose
+//     lease was lost once another writer, or a reader after it, holds.
+//   - Release of a shared lease wakes waiters as a mutex's release does;
+//     a queue grants in arrival order, a reader together with the readers
+//     queued next to it.
+
+// PermitsError is returned (wrapped) by a shared acquire whose number of
+// permits differs from that of the key's holders: every holder of one
+// semaphore must agree on its size. It matches [ErrInvalidConfig].
+type PermitsError struct {
+	// Asked is the Permits of the request, Held that of the key's holders
+	// (0: readers of a read-write lock).
+	Asked, Held int
+}
+
+// Error implements error.
+func (e *PermitsError) Error() string {
+	name := func(n int) string {
+		if n == 0 {
+			return "a read-write lock's reader"
+		}
+		return fmt.Sprintf("a permit of %d", n)
+	}
+	return fmt.Sprintf("%v: asked for %s, but the key's holders hold %s", ErrInvalidConfig, name(e.Asked), name(e.Held))
+}
+
+// Unwrap makes a PermitsError match [ErrInvalidConfig].
+func (e *PermitsError) Unwrap() error { return ErrInvalidConfig }
 
 // MaxHolderLen is the longest holder description, in bytes, that dlock
 // accepts.
@@ -415,6 +491,26 @@ type LockInfo struct {
 	// holder, or -1 when the backend cannot tell (Redis and Redlock keep
 	// no queue: their waiters poll or watch from their own processes).
 	Waiters int
+	// Shared reports that the key is held by shared leases (semaphore
+	// permits or readers, [Request].Shared).
+	Shared bool
+	// Permits is the number of permits of the key's semaphore (the
+	// Permits its shared holders asked for); 0 for an exclusive holder,
+	// readers, or a free key.
+	Permits int
+	// Holders lists every valid lease on the key, oldest grant first: one
+	// for an exclusive lease, one per permit or reader held. Token, TTL
+	// and Holder above are those of Holders[0]. Empty when the key is
+	// free.
+	Holders []Holding
+}
+
+// Holding is one lease in [LockInfo].Holders.
+type Holding struct {
+	// Token, TTL and Holder mean what they mean in [LockInfo].
+	Token  Token
+	TTL    time.Duration
+	Holder string
 }
 
 // ChangeWatcher is implemented by a [Driver] that learns from its servers

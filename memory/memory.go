@@ -20,6 +20,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"slices"
 	"sync"
 	"time"
 
@@ -74,15 +75,26 @@ func (o *URLOpener) OpenLockerURL(_ context.Context, u *url.URL) (*dlock.Locker,
 // Guarantees declares, before any I/O, what every Locker the opener
 // opens promises: exact fencing within the process (driver.GuaranteesDeclarer).
 func (o *URLOpener) Guarantees() dlock.Guarantees {
-	return dlock.Guarantees{Fencing: dlock.FencingConsensus}
+	return dlock.Guarantees{Fencing: dlock.FencingConsensus, Shared: true}
 }
 
 // Store holds the locks. Its zero value is not usable; call NewStore.
 type Store struct {
 	mu       sync.Mutex
-	locks    map[string]*grant
+	locks    map[string]*entry
 	tokens   map[string]uint64
 	watchers map[string]map[chan struct{}]struct{}
+}
+
+// entry is the state of one held key: one exclusive grant, or shared
+// grants of one Permits.
+type entry struct {
+	grants  []*grant // oldest first
+	shared  bool
+	permits int
+	// writer: until then, an exclusive waiter that found the key held by
+	// shared grants keeps new shared requests out (backend.Request.Wait).
+	writer time.Time
 }
 
 type grant struct {
@@ -96,7 +108,7 @@ type grant struct {
 // NewStore returns an empty store.
 func NewStore() *Store {
 	return &Store{
-		locks:    map[string]*grant{},
+		locks:    map[string]*entry{},
 		tokens:   map[string]uint64{},
 		watchers: map[string]map[chan struct{}]struct{}{},
 	}
@@ -112,21 +124,23 @@ func New(s *Store, opts *dlock.Options) (*dlock.Locker, error) {
 	return driver.New(NewDriver(s), opts)
 }
 
-// Expire drops the lock on key at once, as if its TTL had run out, and
-// reports whether one was held. The holder's lease learns of it (its Done
-// fires). For tests of lease loss.
+// Expire drops every lease on key at once (all of a semaphore's permits),
+// as if their TTLs had run out, and reports whether one was held. The
+// holders' leases learn of it (their Done fires). For tests of lease loss.
 func (s *Store) Expire(key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	g := s.current(key, time.Now())
-	if g == nil {
+	e := s.current(key, time.Now())
+	if e == nil {
 		return false
 	}
-	s.drop(key, g, fmt.Errorf("%w: expired by Store.Expire", backend.ErrLeaseLost))
+	for _, g := range slices.Clone(e.grants) { // drop changes e.grants
+		s.drop(key, g, fmt.Errorf("%w: expired by Store.Expire", backend.ErrLeaseLost))
+	}
 	return true
 }
 
-// Held reports whether a lock on key is held now.
+// Held reports whether a lease on key is held now.
 func (s *Store) Held(key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -140,20 +154,37 @@ func (s *Store) Waiters(key string) int {
 	return len(s.watchers[key])
 }
 
-// current returns the live grant on key, dropping an expired one. s.mu is held.
-func (s *Store) current(key string, now time.Time) *grant {
-	g := s.locks[key]
-	if g != nil && !now.Before(g.expires) {
-		s.drop(key, g, fmt.Errorf("%w: TTL ran out", backend.ErrLeaseLost))
+// current returns key's entry with its live grants, dropping expired ones,
+// or nil when none is left. s.mu is held.
+func (s *Store) current(key string, now time.Time) *entry {
+	e := s.locks[key]
+	if e == nil {
 		return nil
 	}
-	return g
+	for _, g := range slices.Clone(e.grants) { // drop changes e.grants
+		if !now.Before(g.expires) {
+			s.drop(key, g, fmt.Errorf("%w: TTL ran out", backend.ErrLeaseLost))
+		}
+	}
+	return s.locks[key]
 }
 
 // drop removes g, tells its holder why (a nil reason: released), and wakes
 // the watchers of key. s.mu is held.
 func (s *Store) drop(key string, g *grant, reason error) {
-	delete(s.locks, key)
+	e := s.locks[key]
+	if e == nil {
+		return
+	}
+	for i, x := range e.grants {
+		if x == g {
+			e.grants = append(e.grants[:i], e.grants[i+1:]...)
+			break
+		}
+	}
+	if len(e.grants) == 0 {
+		delete(s.locks, key)
+	}
 	if reason != nil {
 		g.reason = reason
 		if g.onLost != nil {
@@ -166,6 +197,12 @@ func (s *Store) drop(key string, g *grant, reason error) {
 		default:
 		}
 	}
+}
+
+// mine reports whether g is a live grant on key. s.mu is held.
+func (s *Store) mine(key string, g *grant, now time.Time) bool {
+	e := s.current(key, now)
+	return e != nil && slices.Contains(e.grants, g)
 }
 
 // Driver is the backend.Driver of a Store.
@@ -182,11 +219,13 @@ func (d *Driver) Limits() backend.Limits { return backend.Limits{MinTTL: time.Mi
 
 // Guarantees: exact fencing within one process; no fault tolerance (there
 // is nothing to fail but the process); no FIFO order; no clock assumptions
-// (one monotonic clock serves holder and store).
+// (one monotonic clock serves holder and store). Shared leases are served
+// (semaphores and read-write locks, see backend.Request).
 func (d *Driver) Guarantees() backend.Guarantees {
 	return backend.Guarantees{
 		Backend: "memory",
 		Fencing: backend.FencingConsensus,
+		Shared:  true,
 		Notes:   "in-process only: locks are shared by Lockers on one Store, never between processes",
 	}
 }
@@ -204,13 +243,43 @@ func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.L
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
-	if g := s.current(key, now); g != nil {
-		return nil, &backend.HeldError{RetryAfter: g.expires.Sub(now)}
+	e := s.current(key, now)
+	if e != nil {
+		if req.Shared && e.shared && e.permits != req.Permits {
+			return nil, &backend.PermitsError{Asked: req.Permits, Held: e.permits}
+		}
+		full := !req.Shared || !e.shared ||
+			e.permits > 0 && len(e.grants) >= e.permits ||
+			now.Before(e.writer) // a writer waits: readers stay out
+		if full {
+			if !req.Shared && e.shared && req.Wait > 0 {
+				e.writer = now.Add(req.Wait)
+			}
+			return nil, &backend.HeldError{RetryAfter: e.retryAfter(now)}
+		}
+	} else {
+		e = &entry{shared: req.Shared, permits: req.Permits}
+		s.locks[key] = e
+	}
+	if !req.Shared {
+		e.writer = time.Time{}
 	}
 	s.tokens[key]++
 	g := &grant{token: s.tokens[key], holder: req.Holder, expires: now.Add(ttl)}
-	s.locks[key] = g
+	e.grants = append(e.grants, g)
 	return &lease{s: s, key: key, g: g, ttl: ttl}, nil
+}
+
+// retryAfter bounds how long the key stays as full as it is now: until
+// the first of its grants expires. e has live grants.
+func (e *entry) retryAfter(now time.Time) time.Duration {
+	first := e.grants[0].expires
+	for _, g := range e.grants[1:] {
+		if g.expires.Before(first) {
+			first = g.expires
+		}
+	}
+	return first.Sub(now)
 }
 
 // Watch implements backend.Waiter.
@@ -243,8 +312,8 @@ type lease struct {
 func (l *lease) Token() uint64      { return l.g.token }
 func (l *lease) TTL() time.Duration { return l.ttl }
 
-// ours reports whether l's grant is the live one. s.mu is held.
-func (l *lease) ours(now time.Time) bool { return l.s.current(l.key, now) == l.g }
+// ours reports whether l's grant is live. s.mu is held.
+func (l *lease) ours(now time.Time) bool { return l.s.mine(l.key, l.g, now) }
 
 func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
 	if err := ctx.Err(); err != nil {
@@ -287,8 +356,8 @@ func (l *lease) NotifyLoss(f func(error)) {
 	l.g.onLost = f
 }
 
-// Inspect implements backend.Inspector. It changes nothing (an expired
-// grant is reported free, not dropped). Waiters is -1: the store keeps no
+// Inspect implements backend.Inspector. It changes nothing (expired
+// grants are left out, not dropped). Waiters is -1: the store keeps no
 // queue, only one watch per waiting Locker.
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
 	if err := ctx.Err(); err != nil {
@@ -297,15 +366,23 @@ func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, err
 	s := d.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	g := s.locks[key]
-	if g == nil {
-		return backend.LockInfo{Waiters: -1}, nil
+	info := backend.LockInfo{Waiters: -1}
+	e := s.locks[key]
+	if e == nil {
+		return info, nil
 	}
-	left := time.Until(g.expires)
-	if left <= 0 {
-		return backend.LockInfo{Waiters: -1}, nil
+	for _, g := range e.grants {
+		if left := time.Until(g.expires); left > 0 {
+			info.Holders = append(info.Holders, backend.Holding{Token: backend.Token(g.token), TTL: left, Holder: g.holder})
+		}
 	}
-	return backend.LockInfo{Held: true, Token: backend.Token(g.token), TTL: left, Holder: g.holder, Waiters: -1}, nil
+	if len(info.Holders) == 0 {
+		return info, nil
+	}
+	h := info.Holders[0]
+	info.Held, info.Token, info.TTL, info.Holder = true, h.Token, h.TTL, h.Holder
+	info.Shared, info.Permits = e.shared, e.permits
+	return info, nil
 }
 
 // Keys implements backend.Inspector: the keys of the store that are held.
@@ -318,11 +395,11 @@ func (d *Driver) Keys(ctx context.Context, limit int) ([]string, error) {
 	defer s.mu.Unlock()
 	now := time.Now()
 	var keys []string
-	for k, g := range s.locks {
+	for k, e := range s.locks {
 		if len(keys) == limit {
 			break
 		}
-		if now.Before(g.expires) {
+		if slices.ContainsFunc(e.grants, func(g *grant) bool { return now.Before(g.expires) }) {
 			keys = append(keys, k)
 		}
 	}
