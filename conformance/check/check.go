@@ -14,6 +14,7 @@ type Property string
 // The properties Check checks.
 const (
 	MutualExclusion Property = "mutual exclusion"
+	PermitCount     Property = "permit count"
 	TokenOrder      Property = "token order"
 	LostUpdate      Property = "lost update"
 	StaleWrite      Property = "stale write accepted"
@@ -49,6 +50,7 @@ func Check(h *History, o Options) []Violation {
 	c := &checker{begin: h.Begin(), ops: h.Ops(), o: o}
 	c.index()
 	c.mutualExclusion()
+	c.permitCount()
 	c.tokenOrder()
 	c.register()
 	if o.Progress > 0 {
@@ -199,12 +201,42 @@ func (c *checker) mutualExclusion() {
 				if !b.start.Before(b.end) || !b.start.Before(a.end) {
 					continue // b starts after a ended (ls is by start)
 				}
+				if a.acq.Shared && b.acq.Shared {
+					continue // counted by permitCount
+				}
 				if !a.start.Before(b.end) {
 					continue
 				}
 				overlap := earlier(a.end, b.end).Sub(b.start)
 				c.add(MutualExclusion, a.acq, b.acq, "key %q: %s and %s were both valid for %v",
 					key, c.describe(a), c.describe(b), overlap.Round(time.Microsecond))
+			}
+		}
+	}
+}
+
+// permitCount: when a shared lease's validity begins, the shared leases
+// valid then (itself included) are at most its Permits (when > 0).
+func (c *checker) permitCount() {
+	for _, key := range sortedKeys(c.leases) {
+		ls := c.leases[key]
+		for i, b := range ls {
+			if !b.acq.Shared || b.acq.Permits == 0 || !b.start.Before(b.end) {
+				continue
+			}
+			var with []*lease
+			for _, a := range ls[:i+1] { // ls is by start
+				if a.acq.Shared && a.start.Before(a.end) && b.start.Before(a.end) {
+					with = append(with, a)
+				}
+			}
+			if len(with) > b.acq.Permits {
+				var ds []string
+				for _, a := range with {
+					ds = append(ds, c.describe(a))
+				}
+				c.add(PermitCount, with[0].acq, b.acq, "key %q: %d shared leases valid at %s, more than the %d permits: %s",
+					key, len(with), c.at(b.start), b.acq.Permits, strings.Join(ds, "; "))
 			}
 		}
 	}
@@ -235,7 +267,7 @@ func (c *checker) tokenOrder() {
 				case b.acq.Start.After(a.acq.End):
 					c.add(TokenOrder, a.acq, b.acq, "key %q: acquire #%d (%s) returned token %d at %s; acquire #%d (%s), invoked later at %s, got token %d",
 						key, a.acq.ID, a.acq.Client, a.acq.Token, c.at(a.acq.End), b.acq.ID, b.acq.Client, c.at(b.acq.Start), b.acq.Token)
-				case a.start.Before(a.end) && b.start.Before(b.end) && !b.start.Before(a.end):
+				case a.start.Before(a.end) && b.start.Before(b.end) && !b.start.Before(a.end) && !(a.acq.Shared && b.acq.Shared):
 					c.add(TokenOrder, a.acq, b.acq, "key %q: %s ended before %s began, but its token is not smaller",
 						key, c.describe(a), c.describe(b))
 				}

@@ -380,3 +380,63 @@ type timeoutErr bool
 
 func (e timeoutErr) Error() string { return "no answer within the per-node timeout" }
 func (e timeoutErr) Timeout() bool { return bool(e) }
+
+// shared records a granted shared acquire, as grant does, of a permit of
+// permits (0: a reader).
+func (h *hist) shared(client, key string, from, to, deadline int, tok dlock.Token, permits int) int {
+	return h.h.Add(check.Op{Kind: check.Acquire, Client: client, Key: key, Wait: true, Start: h.t(from), End: h.t(to),
+		Token: tok, TTL: time.Duration(deadline-to) * time.Millisecond, Deadline: h.t(deadline), Shared: true, Permits: permits})
+}
+
+func TestSharedLeases(t *testing.T) {
+	t.Run("within the permits", func(t *testing.T) {
+		h := newHist()
+		a := h.shared("a", "k", 0, 10, 1000, 5, 2)
+		b := h.shared("b", "k", 0, 20, 1000, 6, 2)
+		h.release(a, 30)
+		c := h.shared("c", "k", 25, 40, 1000, 7, 2) // after a's release: two at once
+		h.release(b, 50)
+		h.release(c, 60)
+		r1 := h.shared("r1", "k", 70, 80, 1000, 8, 0) // readers: unbounded
+		r2 := h.shared("r2", "k", 70, 81, 1000, 9, 0)
+		r3 := h.shared("r3", "k", 70, 82, 1000, 10, 0)
+		for _, r := range []int{r1, r2, r3} {
+			h.release(r, 90)
+		}
+		w := h.grant("w", "k", 85, 100, 1000, 11) // the writer after the readers
+		h.release(w, 110)
+		want(t, h, check.Options{Progress: time.Second})
+	})
+	t.Run("one permit too many", func(t *testing.T) {
+		h := newHist()
+		h.shared("a", "k", 0, 10, 1000, 5, 2)
+		h.shared("b", "k", 0, 20, 1000, 6, 2)
+		h.shared("c", "k", 0, 30, 1000, 7, 2)
+		vs := want(t, h, check.Options{}, check.PermitCount)
+		if !strings.Contains(vs[0].Detail, "3 shared leases valid") {
+			t.Errorf("detail %q does not count the leases", vs[0].Detail)
+		}
+	})
+	t.Run("a reader with the writer", func(t *testing.T) {
+		h := newHist()
+		h.shared("r", "k", 0, 10, 1000, 5, 0)
+		h.grant("w", "k", 0, 20, 1000, 6)
+		want(t, h, check.Options{}, check.MutualExclusion)
+	})
+	t.Run("shared replies in either order", func(t *testing.T) {
+		// b's grant came first on the server (token 5) but its reply
+		// came after a's whole lease: no token order is broken.
+		h := newHist()
+		a := h.shared("a", "k", 0, 10, 1000, 6, 2)
+		h.release(a, 20)
+		h.shared("b", "k", 0, 30, 1000, 5, 2)
+		want(t, h, check.Options{})
+	})
+	t.Run("a writer after a reader with a smaller token", func(t *testing.T) {
+		h := newHist()
+		r := h.shared("r", "k", 0, 10, 1000, 6, 0)
+		h.release(r, 20)
+		h.grant("w", "k", 0, 30, 1000, 5)
+		want(t, h, check.Options{}, check.TokenOrder)
+	})
+}

@@ -7,10 +7,13 @@
 //   - mutual exclusion among valid leases: no two leases on one key are
 //     valid at once, where a lease is valid from its acquire's return until
 //     the first of its Deadline, its Done, its release being invoked, and an
-//     injected expiry of its key;
+//     injected expiry of its key; shared leases ([Op].Shared: semaphore
+//     permits, readers) may be valid together, never with an exclusive
+//     one, and never more of them than their Permits (when > 0);
 //   - token order (per key): an acquire invoked after another returned
 //     gets a strictly larger token, and so does a lease whose validity
-//     began after another's ended;
+//     began after another's ended (unless both are shared: two shared
+//     grants' replies may come back in either order);
 //   - the fenced register: no lost update (every accepted write read the
 //     value of the previous accepted write) and no accepted write whose
 //     token is lower than or equal to another lease's accepted token;
@@ -102,6 +105,10 @@ type Op struct {
 	// Release, Lost and Write.
 	Lease    int
 	Wait     bool          // Acquire: a waiting Acquire rather than TryAcquire
+	// Shared and Permits: an Acquire of a shared lease (a reader, or one
+	// of Permits permits of a semaphore; dlock.AcquireOptions).
+	Shared  bool
+	Permits int
 	Token    dlock.Token   // Acquire (granted) and Write
 	TTL      time.Duration // Acquire (granted)
 	Deadline time.Time     // Acquire, Release, Lost, Write: the lease's Deadline then
@@ -177,6 +184,9 @@ func (h *History) TryAcquire(ctx context.Context, client string, l *dlock.Locker
 
 func (h *History) acquire(ctx context.Context, client string, l *dlock.Locker, key string, o *dlock.AcquireOptions, wait bool) (*Lease, error) {
 	op := Op{Kind: Acquire, Client: client, Key: key, Wait: wait, Start: time.Now()}
+	if o != nil {
+		op.Shared, op.Permits = o.Shared || o.Permits > 0, o.Permits
+	}
 	var le *dlock.Lease
 	if wait {
 		le, op.Err = l.Acquire(ctx, key, o)
