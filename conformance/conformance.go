@@ -41,7 +41,8 @@ type Harness interface {
 	// servers, as a separate process would have. The suite closes it.
 	NewLocker(ctx context.Context, opts *dlock.Options) (*dlock.Locker, error)
 	// Expire makes the server drop the lock held on key now, as if its TTL
-	// had run out.
+	// had run out: every lease on key, all of a semaphore's permits and
+	// all readers' leases.
 	Expire(ctx context.Context, key string) error
 	// Residue reports whether the server keeps any state of a holder or a
 	// waiter for key (a lock entry, a queued waiter node). State that must
@@ -80,14 +81,15 @@ func Run(t *testing.T, newHarness HarnessMaker) {
 	s.g = probe.Guarantees()
 	s.lim = probe.Limits()
 	s.short = max(ShortTTL, s.lim.MinTTL)
-	t.Logf("guarantees: fencing=%v tolerated-failures=%d fifo=%v clock-dependent=%v wakes-waiters=%v",
-		s.g.Fencing, s.g.ToleratedFailures, s.g.FIFO, s.g.ClockDependent, s.g.WakesWaiters)
+	t.Logf("guarantees: fencing=%v tolerated-failures=%d fifo=%v clock-dependent=%v wakes-waiters=%v shared=%v",
+		s.g.Fencing, s.g.ToleratedFailures, s.g.FIFO, s.g.ClockDependent, s.g.WakesWaiters, s.g.Shared)
 
 	// The leak check runs alone, so that other cases' goroutines do not
 	// count against it.
 	t.Run("CancelledAcquireLeavesNothing", s.cancelledAcquire)
 	t.Run("CancelRacingGrant", s.cancelRacingGrant)
 	t.Run("ElectionLeavesNothing", s.electionLeavesNothing)
+	t.Run("SharedCancelledAcquireLeavesNothing", s.sharedCancelledAcquire)
 	t.Run("parallel", func(t *testing.T) {
 		for _, c := range []struct {
 			name string
@@ -119,6 +121,15 @@ func Run(t *testing.T, newHarness HarnessMaker) {
 			{"ElectionResign", s.electionResign},
 			{"ElectionLoss", s.electionLoss},
 			{"ElectionHistory", s.electionHistory},
+			{"SharedUnsupported", s.sharedUnsupported},
+			{"SemaphoreFill", s.semaphoreFill},
+			{"PermitsMismatch", s.permitsMismatch},
+			{"ReadersAndWriter", s.readersAndWriter},
+			{"WriterNotStarved", s.writerNotStarved},
+			{"SharedReleaseWakes", s.sharedReleaseWakes},
+			{"SharedLoss", s.sharedLoss},
+			{"SharedHistory", s.sharedHistory},
+			{"SemaphoreDrain", s.semaphoreDrain},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				t.Parallel()

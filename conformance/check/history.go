@@ -103,12 +103,12 @@ type Op struct {
 	Start, End time.Time
 	// Lease is the ID of the Acquire op that granted the lease, for
 	// Release, Lost and Write.
-	Lease    int
-	Wait     bool          // Acquire: a waiting Acquire rather than TryAcquire
+	Lease int
+	Wait  bool // Acquire: a waiting Acquire rather than TryAcquire
 	// Shared and Permits: an Acquire of a shared lease (a reader, or one
 	// of Permits permits of a semaphore; dlock.AcquireOptions).
-	Shared  bool
-	Permits int
+	Shared   bool
+	Permits  int
 	Token    dlock.Token   // Acquire (granted) and Write
 	TTL      time.Duration // Acquire (granted)
 	Deadline time.Time     // Acquire, Release, Lost, Write: the lease's Deadline then
