@@ -21,8 +21,8 @@ import (
 // module).
 
 // TestElectFlagsBeforeIO: the flags that make no sense with --elect
-// (--try, --wait, --max-hold) and a bad --holder (with or without
-// --elect) are usage errors (status 2) found before any I/O: the backend's
+// (--try, --wait, --max-hold, --permits, --shared), a bad --holder (with
+// or without --elect) and a bad --permits are usage errors (status 2) found before any I/O: the backend's
 // server does not exist and is never named, and the command, which does
 // not exist either, is not looked for (that would be status 127).
 func TestElectFlagsBeforeIO(t *testing.T) {
@@ -39,6 +39,11 @@ func TestElectFlagsBeforeIO(t *testing.T) {
 		{[]string{"--holder", "web-3\n4242"}, `--holder "web-3\n4242": invalid configuration: holder: character U+000A at byte 5 is not printable`},
 		{[]string{"--elect", "--holder", strings.Repeat("h", backend.MaxHolderLen+1)}, "holder: 257 bytes, longer than 256"},
 		{[]string{"--holder", "bad\xffutf8"}, "holder: not valid UTF-8"},
+		{[]string{"--elect", "--permits", "2"}, "--elect and --permits exclude each other"},
+		{[]string{"--elect", "--shared"}, "--elect and --shared exclude each other"},
+		{[]string{"--permits", "0"}, "--permits 0: want a number of permits >= 1"},
+		{[]string{"--permits", "-3"}, "--permits -3: want a number of permits >= 1"},
+		{[]string{"--permits", "2", "--shared"}, "--shared and --permits exclude each other"},
 	} {
 		args := append(append([]string{"run", "--url", "etcd://127.0.0.1:1"}, c.flags...), "k", "--", "dlock-no-such-command")
 		var o, e bytes.Buffer

@@ -30,6 +30,13 @@ no lease is taken, refreshed or released. For example:
 	KEY orders/42 held by token 1234, holder web-3/4242, 12.3s left, 2 waiters
 	KEY orders/42 free
 
+A semaphore's key (dlock run --permits) shows its permits in use, of how
+many, and each holder, oldest first; a read-write lock's readers (dlock run
+--shared) show each reader:
+
+	KEY imports held by 2 of 4 permits: token 17, holder web-3/4242, 12.3s left; token 19, holder web-4/77, 14.0s left
+	KEY config held by 1 reader: token 20, holder web-3/4243, 9.8s left
+
 The holder is the description the holder acquired the lock with
 (dlock.AcquireOptions.Holder): dlock run's --holder, by default its
 hostname/pid. A lock taken without one shows none. The key and the holder
@@ -62,13 +69,27 @@ type inspectJSON struct {
 	Holder  *string      `json:"holder"`
 	TTL     *float64     `json:"ttl_seconds"`
 	Waiters *int         `json:"waiters"`
+	// Shared leases: whether the holders hold them, the semaphore's
+	// permits (null for readers and exclusive holders), and every holder.
+	Shared  bool          `json:"shared"`
+	Permits *int          `json:"permits"`
+	Holders []holdingJSON `json:"holders"`
+}
+
+// holdingJSON is one holder in inspectJSON.Holders. Unknown values are
+// null.
+type holdingJSON struct {
+	Token  *dlock.Token `json:"token"`
+	Holder *string      `json:"holder"`
+	TTL    *float64     `json:"ttl_seconds"`
 }
 
 // inspectCmd is dlock inspect.
 func inspectCmd(ctx context.Context, e *env, args []string) int {
 	fs := newFlagSet("inspect", inspectUsage)
 	rawURL, purpose := backendFlags(fs)
-	asJSON := fs.Bool("json", false, "print one JSON object: key, held, token, holder, ttl_seconds, waiters (null when unknown)")
+	asJSON := fs.Bool("json", false, "print one JSON object: key, held, token, holder, ttl_seconds, waiters, shared, permits,\n"+
+		"holders (each with token, holder, ttl_seconds; null when unknown)")
 	timeout := fs.Duration("timeout", inspectDefaultTimeout, "give up after this `duration` (opening the backend and reading)")
 	if status, ok := parseFlags(e, "inspect", fs, args); !ok {
 		return status
@@ -125,19 +146,41 @@ func inspectCmd(ctx context.Context, e *env, args []string) int {
 // toJSON is dlock inspect --json's object for info, read on key: what the
 // backend cannot tell (and a holder that gave no description) is null.
 func toJSON(key string, info dlock.LockInfo) inspectJSON {
-	out := inspectJSON{Key: key, Held: info.Held}
-	if info.Token != 0 {
-		out.Token = &info.Token
-	}
-	if info.Holder != "" {
-		out.Holder = &info.Holder
-	}
-	if info.TTL > 0 {
-		s := info.TTL.Seconds()
-		out.TTL = &s
-	}
+	top := holdingToJSON(backend.Holding{Token: info.Token, Holder: info.Holder, TTL: info.TTL})
+	out := inspectJSON{Key: key, Held: info.Held, Token: top.Token, Holder: top.Holder, TTL: top.TTL, Shared: info.Shared, Holders: []holdingJSON{}}
 	if info.Waiters >= 0 {
 		out.Waiters = &info.Waiters
+	}
+	if info.Permits > 0 {
+		out.Permits = &info.Permits
+	}
+	for _, h := range holdings(info) {
+		out.Holders = append(out.Holders, holdingToJSON(h))
+	}
+	return out
+}
+
+// holdings is info's holders, oldest first: LockInfo.Holders, or the one
+// holder of the top-level fields from a backend that lists none.
+func holdings(info dlock.LockInfo) []backend.Holding {
+	if len(info.Holders) > 0 || !info.Held {
+		return info.Holders
+	}
+	return []backend.Holding{{Token: info.Token, TTL: info.TTL, Holder: info.Holder}}
+}
+
+// holdingToJSON is h with what the backend cannot tell as null.
+func holdingToJSON(h backend.Holding) holdingJSON {
+	var out holdingJSON
+	if h.Token != 0 {
+		out.Token = &h.Token
+	}
+	if h.Holder != "" {
+		out.Holder = &h.Holder
+	}
+	if h.TTL > 0 {
+		s := h.TTL.Seconds()
+		out.TTL = &s
 	}
 	return out
 }
@@ -154,18 +197,33 @@ func describe(key string, info dlock.LockInfo) string {
 		b.WriteString(" free")
 		return b.String()
 	}
-	b.WriteString(" held")
-	if info.Token != 0 {
-		fmt.Fprintf(&b, " by token %d", info.Token)
-	}
-	if info.Holder != "" {
-		// Validated printable by the library, but
-		// read from a server that anyone may have written to: quoted
-		// with escapes all the same when it is not plainly printable.
-		fmt.Fprintf(&b, ", holder %s", quoteIfNeeded(info.Holder))
-	}
-	if info.TTL > 0 {
-		fmt.Fprintf(&b, ", %v left", info.TTL.Round(100*time.Millisecond))
+	if info.Shared {
+		hs := holdings(info)
+		switch {
+		case info.Permits > 0:
+			fmt.Fprintf(&b, " held by %d of %d permits: ", len(hs), info.Permits)
+		case len(hs) == 1:
+			b.WriteString(" held by 1 reader: ")
+		default:
+			fmt.Fprintf(&b, " held by %d readers: ", len(hs))
+		}
+		for i, h := range hs {
+			if i > 0 {
+				b.WriteString("; ")
+			}
+			writeHolding(&b, h)
+		}
+	} else {
+		b.WriteString(" held")
+		if info.Token != 0 {
+			fmt.Fprintf(&b, " by token %d", info.Token)
+		}
+		if info.Holder != "" {
+			fmt.Fprintf(&b, ", holder %s", quoteIfNeeded(info.Holder))
+		}
+		if info.TTL > 0 {
+			fmt.Fprintf(&b, ", %v left", info.TTL.Round(100*time.Millisecond))
+		}
 	}
 	switch info.Waiters {
 	case -1:
@@ -175,6 +233,28 @@ func describe(key string, info dlock.LockInfo) string {
 		fmt.Fprintf(&b, ", %d waiters", info.Waiters)
 	}
 	return b.String()
+}
+
+// writeHolding writes "token 1234, holder web-3/4242, 12.3s left", less
+// what the backend cannot tell ("unknown" when it can tell nothing).
+func writeHolding(b *strings.Builder, h backend.Holding) {
+	var parts []string
+	if h.Token != 0 {
+		parts = append(parts, fmt.Sprintf("token %d", h.Token))
+	}
+	if h.Holder != "" {
+		// Validated printable by the library, but read from a server
+		// that anyone may have written to: quoted with escapes all the
+		// same when it is not plainly printable.
+		parts = append(parts, "holder "+quoteIfNeeded(h.Holder))
+	}
+	if h.TTL > 0 {
+		parts = append(parts, fmt.Sprintf("%v left", h.TTL.Round(100*time.Millisecond)))
+	}
+	if len(parts) == 0 {
+		parts = append(parts, "unknown")
+	}
+	b.WriteString(strings.Join(parts, ", "))
 }
 
 // quoteIfNeeded is s as dlock inspect prints a key or a holder: as it is,

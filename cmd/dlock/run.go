@@ -75,6 +75,16 @@ The lock is stored with a description of its holder (--holder, by default
 this machine's hostname and dlock's process ID, as in web-3/4242), which
 dlock inspect shows.
 
+With --permits N, KEY is a counting semaphore of N permits and COMMAND runs
+holding one of them: at most N dlock run --permits N on one KEY and backend
+run their commands at once (dlock.AcquireOptions.Permits). Every one must
+give the same N: one that gives another while the key is held fails (exit
+125). DLOCK_TOKEN is the permit's token, larger than that of every earlier
+grant on KEY. With --shared, COMMAND runs holding a reader's lease of the
+read-write lock KEY: any number of readers run together, and a plain
+dlock run KEY (the writer) runs alone; a waiting writer keeps new readers
+out. Backends without shared leases (Redlock) refuse both (exit 125).
+
 With --elect, dlock is a candidate in a leader election on KEY
 (dlock.Election): of all the dlock run --elect on one KEY and backend, on
 any machines, one leads at a time, and only the leader runs COMMAND. Each
@@ -129,6 +139,8 @@ func runCmd(ctx context.Context, e *env, args []string) int {
 		"campaign again when it exits or leadership is lost, until a signal stops dlock")
 	holder := fs.String("holder", "", "the holder's `description`, stored with the lock for dlock inspect: at most\n"+
 		"256 bytes of printable characters (default hostname/pid)")
+	permits := fs.Int("permits", 0, "hold one permit of a semaphore of `N` permits on KEY instead of the lock (N >= 1)")
+	shared := fs.Bool("shared", false, "hold a reader's lease of the read-write lock KEY instead of the lock (the writer's)")
 	if status, ok := parseFlags(e, "run", fs, args); !ok {
 		return status
 	}
@@ -162,12 +174,18 @@ func runCmd(ctx context.Context, e *env, args []string) int {
 		return usageErr("--grace %v: want a duration >= 0", *grace)
 	case *maxHold < 0:
 		return usageErr("--max-hold %v: want a duration >= 0", *maxHold)
+	case set["permits"] && *permits < 1:
+		return usageErr("--permits %d: want a number of permits >= 1", *permits)
+	case *shared && set["permits"]:
+		return usageErr("--shared and --permits exclude each other (a semaphore's permits are shared already)")
 	}
 	if *elect {
 		for _, f := range []struct{ name, why string }{
 			{"try", "a candidate campaigns until it is stopped"},
 			{"wait", "a candidate campaigns until it is stopped"},
 			{"max-hold", "a leader leads for as long as it lives"},
+			{"permits", "one leader at a time"},
+			{"shared", "one leader at a time"},
 		} {
 			if set[f.name] {
 				return usageErr("--elect and --%s exclude each other (%s)", f.name, f.why)
@@ -207,7 +225,7 @@ func runCmd(ctx context.Context, e *env, args []string) int {
 	if *elect {
 		return runElect(ctx, e, locker, key, &dlock.ElectionOptions{TTL: *ttl, Holder: *holder}, path, argv, *grace, sigs)
 	}
-	ao := &dlock.AcquireOptions{TTL: *ttl, AutoRefresh: true, MaxHold: *maxHold, Holder: *holder}
+	ao := &dlock.AcquireOptions{TTL: *ttl, AutoRefresh: true, MaxHold: *maxHold, Holder: *holder, Permits: *permits, Shared: *shared}
 	if *maxHold == 0 {
 		ao.MaxHold = math.MaxInt64 // for as long as the command runs
 	}
