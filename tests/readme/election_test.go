@@ -20,55 +20,7 @@ import (
 // reports; killed with SIGKILL, the other takes over with a higher term and
 // writes; ^C (SIGINT) ends it cleanly.
 func TestElectionExampleRuns(t *testing.T) {
-	md, err := os.ReadFile(readmePath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	blocks, err := goBlocks(md)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var code string
-	for _, b := range blocks {
-		if strings.Contains(b.code, "dlock.NewElection(") {
-			code = b.code
-		}
-	}
-	if code == "" {
-		t.Fatal("the README has no Go block that calls dlock.NewElection")
-	}
-	module, err := filepath.Abs("..") // the tests module: go.work in force
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(code), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	prog, dlockBin := filepath.Join(dir, "election"), filepath.Join(dir, "dlock")
-	for _, args := range [][]string{
-		{"build", "-o", prog, filepath.Join(dir, "main.go")},
-		{"build", "-o", dlockBin, "github.com/dlock-go/dlock/cmd/dlock"},
-	} {
-		cmd := exec.CommandContext(t.Context(), "go", args...)
-		cmd.Dir = module
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
-
-	// dlock serve, on a free loopback port, with its data in the test's
-	// directory.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	serve := start(t, "serve", dlockBin, nil, "serve", "--data", filepath.Join(dir, "data"), "--listen", addr)
-	url := serve.waitLine(t, "etcd://", 90*time.Second)
-	env := []string{"DLOCK_URL=" + url}
-
+	prog, serve, env := exampleAgainstServe(t, "dlock.NewElection(")
 	a := start(t, "a", prog, env)
 	b := start(t, "b", prog, env)
 	leader, follower := a, b
@@ -116,6 +68,63 @@ func TestElectionExampleRuns(t *testing.T) {
 	if err := serve.wait(60 * time.Second); err != nil {
 		t.Errorf("dlock serve after ^C: %v", err)
 	}
+}
+
+// exampleAgainstServe builds the README's Go block that contains marker
+// and the dlock command, and starts `dlock serve` on a free loopback port
+// with its data in the test's directory. It returns the program, the
+// serve process and the environment that points a program at it
+// (DLOCK_URL).
+func exampleAgainstServe(t *testing.T, marker string) (prog string, serve *proc, env []string) {
+	t.Helper()
+	md, err := os.ReadFile(readmePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks, err := goBlocks(md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var code string
+	for _, b := range blocks {
+		if strings.Contains(b.code, marker) {
+			code = b.code
+		}
+	}
+	if code == "" {
+		t.Fatalf("the README has no Go block with %q", marker)
+	}
+	module, err := filepath.Abs("..") // the tests module: go.work in force
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(code), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	prog, dlockBin := filepath.Join(dir, "example"), filepath.Join(dir, "dlock")
+	for _, args := range [][]string{
+		{"build", "-o", prog, filepath.Join(dir, "main.go")},
+		{"build", "-o", dlockBin, "github.com/dlock-go/dlock/cmd/dlock"},
+	} {
+		cmd := exec.CommandContext(t.Context(), "go", args...)
+		cmd.Dir = module
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+
+	// dlock serve, on a free loopback port, with its data in the test's
+	// directory.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	serve = start(t, "serve", dlockBin, nil, "serve", "--data", filepath.Join(dir, "data"), "--listen", addr)
+	url := serve.waitLine(t, "etcd://", 90*time.Second)
+	return prog, serve, []string{"DLOCK_URL=" + url}
 }
 
 func other(p, a, b *proc) *proc {
