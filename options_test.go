@@ -2,10 +2,13 @@ package dlock_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/memory"
 )
 
@@ -34,4 +37,77 @@ func TestNegativeMaxHold(t *testing.T) {
 		t.Fatalf("TryAcquire with MaxHold 1ms and no AutoRefresh: %v, want the lock (MaxHold bounds nothing then)", err)
 	}
 	_ = le.Release(t.Context())
+}
+
+// exclusiveOnly is a counting memory driver that serves no shared leases.
+type exclusiveOnly struct{ *countingDriver }
+
+func (e exclusiveOnly) Guarantees() backend.Guarantees {
+	g := e.countingDriver.Guarantees()
+	g.Shared = false
+	return g
+}
+
+// TestSharedOptionsBeforeIO: a negative Permits is ErrInvalidConfig, and a
+// shared acquire (Permits or Shared) on a backend that serves none is
+// ErrUnsupported, both before any attempt reaches the backend; Permits
+// implies a shared lease (the request the backend sees).
+func TestSharedOptionsBeforeIO(t *testing.T) {
+	d := &countingDriver{Driver: memory.NewDriver(memory.NewStore())}
+	l, err := driver.New(exclusiveOnly{d}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for _, c := range []struct {
+		o    dlock.AcquireOptions
+		want error
+	}{
+		{dlock.AcquireOptions{Permits: -1}, dlock.ErrInvalidConfig},
+		{dlock.AcquireOptions{Permits: 2}, dlock.ErrUnsupported},
+		{dlock.AcquireOptions{Shared: true}, dlock.ErrUnsupported},
+	} {
+		for _, try := range []bool{true, false} {
+			var err error
+			if try {
+				_, err = l.TryAcquire(t.Context(), "k", &c.o)
+			} else {
+				_, err = l.Acquire(t.Context(), "k", &c.o)
+			}
+			if !errors.Is(err, c.want) {
+				t.Errorf("acquire (try %v) with %+v: %v; want %v", try, c.o, err, c.want)
+			}
+		}
+	}
+	if n := d.attempts.Load(); n != 0 {
+		t.Errorf("%d attempts reached the backend; want none", n)
+	}
+	if _, err := l.TryAcquire(t.Context(), "k", nil); err != nil || d.attempts.Load() != 1 {
+		t.Fatalf("an exclusive TryAcquire: %v, %d attempts; want the lock in one", err, d.attempts.Load())
+	}
+}
+
+// TestPermitsMismatchError: the error names both numbers and matches
+// ErrInvalidConfig (memory store, which serves shared leases).
+func TestPermitsMismatchError(t *testing.T) {
+	l, err := memory.New(memory.NewStore(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	le, err := l.TryAcquire(t.Context(), "sem", &dlock.AcquireOptions{Permits: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer le.Release(t.Context())
+	_, err = l.TryAcquire(t.Context(), "sem", &dlock.AcquireOptions{Permits: 2})
+	var pe *dlock.PermitsError
+	if !errors.Is(err, dlock.ErrInvalidConfig) || !errors.As(err, &pe) || pe.Asked != 2 || pe.Held != 3 ||
+		!strings.Contains(err.Error(), "asked for a permit of 2, but the key's holders hold a permit of 3") {
+		t.Errorf("TryAcquire of a permit of 2 while permits of 3 are held: %v", err)
+	}
+	_, err = l.TryAcquire(t.Context(), "sem", &dlock.AcquireOptions{Shared: true})
+	if !errors.As(err, &pe) || pe.Asked != 0 || !strings.Contains(err.Error(), "asked for a read-write lock's reader") {
+		t.Errorf("a reader's TryAcquire on a semaphore's key: %v", err)
+	}
 }
