@@ -90,8 +90,10 @@ bench:
 	env=$$(scripts/test.sh --setup-only) && eval "$$env" && \
 		$(GO) test -run '^$$' -bench . -benchmem $(or $(ARGS),$(PKGS))
 
-# dlock beside its peers on the same servers, and the scale workloads
-# (tests/bench, in the development module), with the benchstat tables.
+# dlock beside its peers on the same servers (mutex cycles and handoffs;
+# semaphore permits/s beside Redisson's and Curator's recipes), and the
+# scale workloads (tests/bench, in the development module), with the
+# benchstat tables.
 # Knobs: COUNT (default 6), BENCHTIME (default 1s), BENCH, OUT; see
 # tests/bench/run.sh.
 .PHONY: peers peers-smoke

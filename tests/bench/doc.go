@@ -1,6 +1,7 @@
 // Package bench compares dlock with other lock libraries in the same run,
-// on the same servers, and runs the scale workloads. It is a module of its
-// own, so that users of dlock never inherit the peers' dependencies.
+// on the same servers, and runs the scale workloads. It is a package of the
+// development module tests, so that users of dlock never inherit the
+// peers' dependencies.
 //
 // From the repository root:
 //
@@ -18,6 +19,11 @@
 //   - BenchmarkHandoff/backend=B/lib=L: 8 workers, each with its own
 //     client, on one key with hold 0 (cycles/s, wait p50-ms and p99-ms,
 //     spread = most / fewest acquisitions of a worker).
+//   - BenchmarkSemaphore/backend=B/hold=H/lib=L: 16 workers, each with its
+//     own client, loop acquire one permit of a semaphore of 4 / hold H (0
+//     and 1ms) / release, on one key (permits/s, cli-µs/op, peak-held;
+//     more than 4 held at once fails the benchmark), on the backends that
+//     serve shared leases.
 //   - BenchmarkScaleLeases/backend=B: 10,000 auto-refreshed leases at TTL
 //     3 s on one Locker, held 15 s (lost, goroutines, client CPU and RSS,
 //     server ops and writes per second).
@@ -29,11 +35,16 @@
 // compare-and-delete), bsm/redislock, redsync with one pool, dlock;
 // backend=redlock: redsync with five pools, dlock; backend=etcd:
 // concurrency.Mutex with a reused Session and with a Session per lock,
-// dlock; backend=zookeeper: go-zookeeper's zk.Lock, dlock. By hand:
+// dlock; backend=zookeeper: go-zookeeper's zk.Lock, dlock. The semaphore's
+// peers (semaphore_test.go): backend=redis: Redisson's
+// RPermitExpirableSemaphore and RSemaphore written again on go-redis;
+// backend=zookeeper: Curator's InterProcessSemaphoreV2 written again on
+// go-zookeeper; backend=etcd: a naive recipe on etcd's concurrency package
+// (etcd has no semaphore). By hand:
 //
 //	eval "$(scripts/test.sh --setup-only)"
-//	cd bench && go test -run '^$' -bench '^Benchmark(Cycle|Handoff)$' -count 6 . | tee /tmp/peers.txt
-//	benchstat -filter '/backend:redis' -col '/lib@(raw redislock redsync dlock)' /tmp/peers.txt
+//	cd tests/bench && GOWORK=off go test -run '^$' -bench '^Benchmark(Cycle|Handoff)$' -count 6 . | tee /tmp/peers.txt
+//	benchstat -filter '.name:(Cycle OR Handoff) /backend:redis' -col '/lib@(raw redislock redsync dlock)' /tmp/peers.txt
 //
 // The scale workloads run once per iteration: use a duration -benchtime
 // (such as the default 1s), not an iteration count above 1.

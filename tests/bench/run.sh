@@ -21,7 +21,11 @@
 # runs this module's benchmarks COUNT times (each pass one test binary,
 # which starts the servers through tests/servers), and prints a
 # dlock ÷ peer summary and, per backend and peer, a benchstat table with
-# the peer as the base column, so the dlock column reads "dlock vs peer".
+# the peer as the base column, so the dlock column reads "dlock vs peer";
+# for BenchmarkSemaphore, the permits/s of dlock and of each peer and
+# dlock ÷ peer per pass (median [min-max] over the passes). A section is
+# printed only when its benchmarks ran (BENCH='^BenchmarkSemaphore$': the
+# semaphore tables alone).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -47,7 +51,7 @@ fi
 
 count="${COUNT:-6}"
 benchtime="${BENCHTIME:-1s}"
-bench="${BENCH:-^Benchmark(Cycle|Handoff|ScaleLeases|ScaleWaiters)$}"
+bench="${BENCH:-^Benchmark(Cycle|Handoff|Semaphore|ScaleLeases|ScaleWaiters)$}"
 out="${OUT:-$(mktemp -d /tmp/dlock-peers.XXXXXX)}"
 mkdir -p "$out"
 
@@ -96,7 +100,7 @@ pairs="redis:raw redis:redislock redis:redsync redlock:redsync etcd:mutex-reused
 # side), "~" after a ratio that benchstat does not call significant
 # (alpha 0.05).
 ratios() {
-	benchstat -format csv -filter "/backend:$1 /lib:($2 OR dlock)" -col "/lib@($2 dlock)" "$out/bench.txt" 2>/dev/null |
+	benchstat -format csv -filter ".name:(Cycle OR Handoff) /backend:$1 /lib:($2 OR dlock)" -col "/lib@($2 dlock)" "$out/bench.txt" 2>/dev/null |
 		awk -F, -v pair="$1 / $2" '
 		BEGIN { w1 = w16 = ho = p50 = p99 = sp = "n/a" }
 		function r(a, b, sig) { if (a == "" || b == "" || a + 0 == 0) return "n/a"; return sprintf("%.2f%s", b / a, sig == "~" ? " ~" : "") }
@@ -117,6 +121,57 @@ ratios() {
 		unit == "p99-ms" && $1 ~ /^Handoff\// { p99 = v(d) " / " v(p) }
 		unit == "spread" && $1 ~ /^Handoff\// { sp = v(d) " / " v(p) }
 		END { printf "| %s | %s | %s | %s | %s | %s | %s |\n", pair, w1, w16, ho, p50, p99, sp }'
+}
+
+# The semaphore pairs (BenchmarkSemaphore: 16 workers, each its own client,
+# on a semaphore of 4 permits): Redisson's RPermitExpirableSemaphore and
+# RSemaphore (on go-redis), Curator's InterProcessSemaphoreV2 (on
+# go-zookeeper), a naive recipe on etcd's concurrency package.
+sempairs="redis:redisson-pes redis:redisson-sem zookeeper:curator etcd:naive"
+
+# semratios: one Markdown row per semaphore pair and hold, read from the raw
+# lines: the median permits/s of dlock and of the peer over the passes,
+# dlock ÷ peer computed within each pass (the two ran minutes apart at
+# most, on the same servers) as median [min-max], the median peak of
+# permits held at once (dlock / peer), and the number of passes with both.
+# A pass begins at each "goos:" header (one per test binary).
+semratios() {
+	awk -v pairs="$sempairs" '
+	function med(a, n, i, j, t) {
+		for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+		return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+	}
+	function f(x) { return x >= 100 ? sprintf("%.0f", x) : sprintf("%.3g", x) }
+	/^goos:/ { pass++ }
+	/^BenchmarkSemaphore\// {
+		split($1, p, "/"); be = p[2]; sub(/^backend=/, "", be); hold = p[3]; sub(/^hold=/, "", hold)
+		lib = p[4]; sub(/^lib=/, "", lib); sub(/-[0-9]+$/, "", lib)
+		if (!((be, hold) in seenhold)) { seenhold[be, hold] = 1; holds[be] = holds[be] " " hold }
+		for (i = 3; i < NF; i += 2) {
+			if ($(i + 1) == "permits/s") rate[be, hold, lib, pass] = $i
+			if ($(i + 1) == "peak-held") peak[be, hold, lib, pass] = $i
+		}
+	}
+	END {
+		np = split(pairs, pr, " ")
+		for (k = 1; k <= np; k++) {
+			split(pr[k], bp, ":"); be = bp[1]; peer = bp[2]
+			nh = split(holds[be], hs, " ")
+			for (h = 1; h <= nh; h++) {
+				hold = hs[h]; n = 0; delete d; delete q; delete r; delete pd; delete pq
+				for (ps = 1; ps <= pass; ps++) {
+					if (!((be, hold, "dlock", ps) in rate) || !((be, hold, peer, ps) in rate)) continue
+					n++; d[n] = rate[be, hold, "dlock", ps]; q[n] = rate[be, hold, peer, ps]
+					r[n] = q[n] > 0 ? d[n] / q[n] : 0
+					pd[n] = peak[be, hold, "dlock", ps]; pq[n] = peak[be, hold, peer, ps]
+				}
+				if (n == 0) continue
+				lo = hi = r[1]; for (i = 2; i <= n; i++) { if (r[i] < lo) lo = r[i]; if (r[i] > hi) hi = r[i] }
+				rm = med(r, n)
+				printf "| %s / %s | %s | %s | %s | %.2f [%.2f-%.2f] | %s / %s | %d |\n", be, peer, hold, f(med(d, n)), f(med(q, n)), rm, lo, hi, f(med(pd, n)), f(med(pq, n)), n
+			}
+		}
+	}' "$out/bench.txt"
 }
 
 # scale NAME "UNITS" "MAXUNITS": a Markdown table of Benchmark NAME's
@@ -155,26 +210,51 @@ scale() {
 	}'
 }
 
+# has NAME...: whether any of the benchmarks NAME ran.
+has() {
+	local n
+	for n in "$@"; do grep -q "^Benchmark$n/" "$out/bench.txt" && return 0; done
+	return 1
+}
+
 {
-	echo "### dlock ÷ peer, benchstat medians (cycles/s: above 1 is dlock faster; wait and spread: dlock / peer)"
-	echo
-	echo "| backend / peer | W=1 cycles/s | W=16 cycles/s | contended handoffs/s | wait p50 ms | wait p99 ms | spread |"
-	echo "|---|---|---|---|---|---|---|"
-	for pair in $pairs; do ratios "${pair%%:*}" "${pair#*:}"; done
-	echo
-	for pair in $pairs; do
-		be=${pair%%:*} peer=${pair#*:}
-		echo "### backend=$be: dlock vs $peer (the peer is the base column)"
-		benchstat -filter "/backend:$be /lib:($peer OR dlock)" -col "/lib@($peer dlock)" "$out/bench.txt"
+	if has Cycle Handoff; then
+		echo "### dlock ÷ peer, benchstat medians (cycles/s: above 1 is dlock faster; wait and spread: dlock / peer)"
 		echo
-	done
-	echo "### scale workloads (dlock only; medians, [max] where a run going wrong matters)"
-	echo
-	scale ScaleLeases "lost acquire-errors release-errors goroutines-before goroutines-held goroutines-after cli-cpu-% rss-MB srv-ops/s srv-writes/s acquire-s" "lost acquire-errors release-errors"
-	echo
-	scale ScaleWaiters "cmds/acq queue-cmds/waiter drain-s conns-peak goroutines-before goroutines-peak goroutines-after errors" "errors"
-	echo
-	benchstat -filter '.name:(ScaleLeases OR ScaleWaiters)' "$out/bench.txt"
+		echo "| backend / peer | W=1 cycles/s | W=16 cycles/s | contended handoffs/s | wait p50 ms | wait p99 ms | spread |"
+		echo "|---|---|---|---|---|---|---|"
+		for pair in $pairs; do ratios "${pair%%:*}" "${pair#*:}"; done
+		echo
+		for pair in $pairs; do
+			be=${pair%%:*} peer=${pair#*:}
+			echo "### backend=$be: dlock vs $peer (the peer is the base column)"
+			benchstat -filter ".name:(Cycle OR Handoff) /backend:$be /lib:($peer OR dlock)" -col "/lib@($peer dlock)" "$out/bench.txt"
+			echo
+		done
+	fi
+	if has Semaphore; then
+		echo "### semaphore: 16 workers, each its own client, N=4 (permits/s: medians over the passes; dlock ÷ peer per pass, median [min-max]; above 1 is dlock faster)"
+		echo
+		echo "| backend / peer | hold | dlock permits/s | peer permits/s | dlock ÷ peer | peak held (dlock / peer) | passes |"
+		echo "|---|---|---|---|---|---|---|"
+		semratios
+		echo
+		for pair in $sempairs; do
+			be=${pair%%:*} peer=${pair#*:}
+			echo "### semaphore, backend=$be: dlock vs $peer (the peer is the base column)"
+			benchstat -filter ".name:Semaphore /backend:$be /lib:($peer OR dlock)" -col "/lib@($peer dlock)" "$out/bench.txt"
+			echo
+		done
+	fi
+	if has ScaleLeases ScaleWaiters; then
+		echo "### scale workloads (dlock only; medians, [max] where a run going wrong matters)"
+		echo
+		scale ScaleLeases "lost acquire-errors release-errors goroutines-before goroutines-held goroutines-after cli-cpu-% rss-MB srv-ops/s srv-writes/s acquire-s" "lost acquire-errors release-errors"
+		echo
+		scale ScaleWaiters "cmds/acq queue-cmds/waiter drain-s conns-peak goroutines-before goroutines-peak goroutines-after errors" "errors"
+		echo
+		benchstat -filter '.name:(ScaleLeases OR ScaleWaiters)' "$out/bench.txt"
+	fi
 } | tee "$out/tables.txt"
 echo "==> raw output and tables in $out" >&2
 if [ "$failed" -gt 0 ]; then

@@ -29,6 +29,12 @@ import (
 // and reports cycles/s and the client CPU per cycle (cli-µs/op, from
 // getrusage, the whole process).
 func runCycles(b *testing.B, w int, mk func(i int) func() error) {
+	runCyclesAs(b, w, "cycles/s", mk)
+}
+
+// runCyclesAs is runCycles reporting the rate in unit (such as
+// "permits/s") instead of cycles/s.
+func runCyclesAs(b *testing.B, w int, unit string, mk func(i int) func() error) {
 	fns := make([]func() error, w)
 	for i := range fns {
 		fns[i] = mk(i)
@@ -52,7 +58,7 @@ func runCycles(b *testing.B, w int, mk func(i int) func() error) {
 	wg.Wait()
 	elapsed := time.Since(start)
 	b.StopTimer()
-	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "cycles/s")
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), unit)
 	b.ReportMetric(float64(cpuTime()-cpu0)/1e3/float64(b.N), "cli-µs/op")
 }
 
