@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -106,6 +107,9 @@ type Driver struct {
 	ka   keeper // the one keepalive stream
 	pool pool   // idle leases, by TTL
 
+	dirHubsMu sync.Mutex
+	dirHubs   map[string]*dirHub // by lock directory: the semaphore waiters' watches (see watchQueue)
+
 	afterQueueRead func()            // tests: called between a waiter's queue read and its watch
 	afterMove      func(error) error // tests: sees, and may replace, the outcome of Refresh's move transaction
 	// holdMove (tests) is called before Refresh sends a move transaction
@@ -198,6 +202,7 @@ func NewDriver(ctx context.Context, client *clientv3.Client, opts *Options) (*Dr
 	d.revokeCtx, d.revokeEnd = context.WithCancel(context.Background())
 	d.ka.d = d
 	d.hub = newHub(d)
+	d.dirHubs = map[string]*dirHub{}
 	// Start the prefix watch now, and wait (within the request timeout)
 	// until it is in force: the first acquires then need no extra read,
 	// and the watch's client goroutines are all started by the time
@@ -283,13 +288,15 @@ func (d *Driver) Limits() backend.Limits {
 var limits = backend.Limits{MinTTL: time.Second, MaxTTL: maxTTL, Resolution: time.Second}
 
 // Guarantees: consensus-grade fencing (create revisions), FIFO, and a
-// majority of the members must be up.
+// majority of the members must be up. Shared leases (semaphores, readers)
+// are served with the same guarantees (see the package documentation).
 func (d *Driver) Guarantees() backend.Guarantees {
 	return backend.Guarantees{
 		Backend:           "etcd",
 		Fencing:           backend.FencingConsensus,
 		ToleratedFailures: max(d.members-1, 0) / 2,
 		FIFO:              true,
+		Shared:            true,
 		ClockDependent:    false,
 		Notes: "Exclusion and tokens come from the Raft log: a later holder always has a larger token, " +
 			"across leader changes. A holder paused past its lease may still believe it holds the lock " +
@@ -346,14 +353,25 @@ func ttlSeconds(ttl time.Duration) int64 {
 type waiter struct {
 	d     *Driver
 	key   string // the lock name
-	myKey string // dir + lease ID in hex
-	// holder is myKey's value: the acquire's holder description
-	// (backend.Request.Holder), written with the key by the join and
+	myKey string // dir + lease ID in hex (dir + "s" + lease ID for a shared entry)
+	// value is myKey's value: the acquire's holder description
+	// (backend.Request.Holder; for a shared entry after its mark and
+	// Permits, see entryValue), written with the key by the join and
 	// again by every later write of ours to it (a move, a fence).
-	holder string
-	el     *etcdLease
-	secs   int64 // asked, in seconds
-	rev    int64 // create revision of myKey
+	value string
+	// shared and permits are those of the request (backend.Request).
+	shared  bool
+	permits int
+	// conflict is set by a shared join that found the key's shared
+	// entries asking for another Permits: the acquire leaves the queue
+	// and fails with it.
+	conflict *backend.PermitsError
+	// touch: a semaphore waiter granted after waiting, with an entry
+	// behind it, writes its key once (see wakeFor, touchKey).
+	touch bool
+	el    *etcdLease
+	secs  int64 // asked, in seconds
+	rev   int64 // create revision of myKey
 	// modRev is the mod revision of our last write to myKey whose
 	// outcome we know (the join's: rev; a move's; a fence's): every later
 	// write of ours compares it (see lease.unchanged). Guarded by the
@@ -401,7 +419,7 @@ var errPoolStale = errors.New("etcd: the pooled lease has run out")
 
 // enqueueFresh grants a lease and puts our key on it.
 func (d *Driver) enqueueFresh(ctx context.Context, req backend.Request, secs int64) (*waiter, bool, error) {
-	w := &waiter{d: d, key: req.Key, holder: req.Holder, secs: secs}
+	w := newWaiter(d, req, secs)
 	w.anchor = time.Now()
 	g, err := call(ctx, d, "granting a lease", func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
 		return d.client.Grant(ctx, w.secs)
@@ -432,7 +450,8 @@ func (d *Driver) enqueueFresh(ctx context.Context, req backend.Request, secs int
 // "lease not found", or the keepalive finds it gone) it returns
 // errPoolStale; nothing is left behind.
 func (d *Driver) enqueuePooled(ctx context.Context, req backend.Request, secs int64, e pooled) (*waiter, bool, error) {
-	w := &waiter{d: d, key: req.Key, holder: req.Holder, secs: secs, el: e.el}
+	w := newWaiter(d, req, secs)
+	w.el = e.el
 	now := time.Now()
 	// Fresh: the lease lasts its granted TTL from the sending of its last
 	// renewal (or grant), as e.expires counts.
@@ -466,23 +485,29 @@ func (d *Driver) enqueuePooled(ctx context.Context, req backend.Request, secs in
 	return w, first, nil
 }
 
-// join puts our key (on w.el, with w.holder as its value: the holder
+// newWaiter is the waiter of req, for a lease of secs seconds (w.el is
+// not set yet).
+func newWaiter(d *Driver, req backend.Request, secs int64) *waiter {
+	return &waiter{d: d, key: req.Key, value: entryValue(req), shared: req.Shared, permits: req.Permits, secs: secs}
+}
+
+// join puts our key (on w.el, with w.value as its value: the holder
 // description is stored atomically with the grant) in the queue and reads
-// the queue's head, in one transaction; the hub's interest in
-// our key is registered first, so that no delete of it is missed. It
-// reports whether we are first.
+// the queue's head (for a shared entry, what joinReads says), in one
+// transaction; the hub's interest in our key is registered first, so that
+// no delete of it is missed. It reports whether we are granted the lock
+// (first in the queue; for a shared entry, see joined); a shared entry
+// that conflicts with the key's Permits sets w.conflict.
 func (w *waiter) join(ctx context.Context) (bool, error) {
 	d := w.d
 	dir := d.dir(w.key)
-	w.myKey = fmt.Sprintf("%s%016x", dir, int64(w.el.id))
+	w.myKey = entryKey(dir, w.shared, w.el.id)
 	w.reg = d.hub.watchKey(w.myKey)
+	ops := append([]clientv3.Op{clientv3.OpPut(w.myKey, w.value, clientv3.WithLease(w.el.id))}, w.joinReads(dir)...)
 	resp, err := call(ctx, d, "joining the queue", func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return d.client.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(w.myKey), "=", 0)).
-			Then(
-				clientv3.OpPut(w.myKey, w.holder, clientv3.WithLease(w.el.id)),
-				clientv3.OpGet(dir, clientv3.WithFirstCreate()...),
-			).Commit()
+			Then(ops...).Commit()
 	})
 	if err != nil {
 		w.reg.stop()
@@ -511,6 +536,9 @@ func (w *waiter) join(ctx context.Context) (bool, error) {
 		w.reg.stop()
 		return false, errGone
 	}
+	if w.shared {
+		return w.joined(resp.Responses[1:]), nil
+	}
 	owner := resp.Responses[1].GetResponseRange().Kvs
 	return len(owner) > 0 && owner[0].CreateRevision == w.rev, nil
 }
@@ -531,13 +559,20 @@ func acquireErr(ctx context.Context, err error) error {
 	return fmt.Errorf("%w: %w", backend.ErrNotAcquired, cerr)
 }
 
-// TryAcquire makes one attempt: it joins the queue and, unless first,
-// leaves it at once (deleting its key; its lease goes back to the pool) and
-// reports the key as held.
+// TryAcquire makes one attempt: it joins the queue and, unless first (a
+// shared request: unless granted, see the package documentation), leaves
+// it at once (deleting its key; its lease goes back to the pool) and
+// reports the key as held. A shared request whose Permits differ from
+// those of the key's shared entries leaves it too, and fails with a
+// *backend.PermitsError.
 func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
 	w, first, err := d.enqueue(ctx, req)
 	if err != nil {
 		return nil, acquireErr(ctx, err)
+	}
+	if w.conflict != nil {
+		w.leave(ctx)
+		return nil, w.conflict
 	}
 	if !first {
 		w.leave(ctx)
@@ -551,23 +586,35 @@ func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.L
 // which the Driver's prefix watch reports (see hub): the waiter's interest
 // is registered before each queue read, so a delete after the read is never
 // missed, and the watch is in etcd's synced group, so the waiter wakes
-// within a round trip of the delete. The predecessor is also read again
-// after each answered keepalive, so a watch on a frozen member delays the
-// waiter by about a third of its TTL, not for ever. While queued, the
-// waiter's lease is kept alive; if it is lost anyway, or no keepalive was
-// answered for its TTL (a partition, a cluster without quorum), Acquire
-// fails with ErrUnavailable. A failed read (an election, say) is retried
-// until then: it does not fail Acquire by itself. On any error or
-// cancellation the lease is revoked, which removes the waiter key.
+// within a round trip of the delete. (A shared waiter waits for the keys
+// that wakeFor says, which may be others.) The keys waited for are also
+// read again after each answered keepalive, so a watch on a frozen member
+// delays the waiter by about a third of its TTL, not for ever. While
+// queued, the waiter's lease is kept alive; if it is lost anyway, or no
+// keepalive was answered for its TTL (a partition, a cluster without
+// quorum), Acquire fails with ErrUnavailable. A failed read (an election,
+// say) is retried until then: it does not fail Acquire by itself. On any
+// error or cancellation the lease is revoked, which removes the waiter
+// key. A shared request whose Permits differ from those of the key's
+// shared entries leaves the queue at once and fails with a
+// *backend.PermitsError.
 func (d *Driver) Acquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
 	w, first, err := d.enqueue(ctx, req)
 	if err != nil {
 		return nil, acquireErr(ctx, err)
 	}
+	if w.conflict != nil {
+		w.leave(ctx)
+		return nil, w.conflict
+	}
 	if first {
 		return d.newLease(w), nil
 	}
-	if err := w.wait(ctx); err != nil {
+	err = w.wait(ctx)
+	if err == nil && w.touch {
+		err = w.touchKey(ctx)
+	}
+	if err != nil {
 		w.revoke(ctx)
 		return nil, acquireErr(ctx, err)
 	}
@@ -577,11 +624,15 @@ func (d *Driver) Acquire(ctx context.Context, req backend.Request) (backend.Leas
 	return d.newLease(w), nil
 }
 
-// wait returns once no key older than ours is left in the queue and ours is
-// still there. A read that fails (an election, a member that does not
-// answer) is tried again after a pause, as after a broken watch: the wait
-// ends only when ctx does, or when the keepalive finds the lease lost or
-// unanswered for its TTL.
+// errExpiredQueued: our key was gone when the waiter read its queue.
+var errExpiredQueued = fmt.Errorf("%w: etcd: the waiter's lease expired while it was queued", backend.ErrUnavailable)
+
+// wait returns once the waiter is granted the lock (for an exclusive
+// waiter: no key older than ours is left in the queue; for a shared one,
+// see wakeFor) and our key is still there. A read that fails (an election,
+// a member that does not answer) is tried again after a pause, as after a
+// broken watch: the wait ends only when ctx does, or when the keepalive
+// finds the lease lost or unanswered for its TTL.
 func (w *waiter) wait(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -590,19 +641,19 @@ func (w *waiter) wait(ctx context.Context) error {
 	kaDone.Go(func() { w.keepAlive(ctx, cancel) })
 	defer kaDone.Wait() // after cancel (deferred later, run earlier)
 	defer cancel(nil)
-	reg := w.d.hub.watchDir(w.d.dir(w.key))
+	reg := w.d.watchQueue(w.d.dir(w.key), wakeUpdates(w.shared, w.permits))
 	defer reg.stop()
 
-	// Each read takes, in one transaction, the key just ahead of ours and
-	// our own key (which must still be there: a waiter whose lease expired
-	// while queued is never granted the lock).
-	ahead := clientv3.OpGet(w.d.dir(w.key), append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(w.rev-1))...)
-	own := clientv3.OpGet(w.myKey)
+	// Each read takes, in one transaction, what decides our turn (for an
+	// exclusive waiter, the key just ahead of ours) and our own key (which
+	// must still be there: a waiter whose lease expired while queued is
+	// never granted the lock).
+	ops := w.queueReads()
 	for {
-		// Before the read: a delete after it is then not missed.
+		// Before the read: a change after it is then not missed.
 		reg.reset()
 		resp, err := queued(ctx, w, "reading the queue", func(ctx context.Context) (*clientv3.TxnResponse, error) {
-			return w.d.client.Txn(ctx).Then(ahead, own).Commit()
+			return w.d.client.Txn(ctx).Then(ops...).Commit()
 		})
 		if err != nil {
 			// Tried again until the keepalive gives up, or ctx ends.
@@ -612,30 +663,29 @@ func (w *waiter) wait(ctx context.Context) error {
 			continue
 		}
 		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 0 || kvs[0].CreateRevision != w.rev {
-			return fmt.Errorf("%w: etcd: the waiter's lease expired while it was queued", backend.ErrUnavailable)
+			return errExpiredQueued
 		}
-		kvs := resp.Responses[0].GetResponseRange().Kvs
-		if len(kvs) == 0 {
+		ws := w.wakeFor(resp.Responses)
+		if ws == nil {
 			return nil // our turn
 		}
 		if w.d.afterQueueRead != nil {
 			w.d.afterQueueRead()
 		}
-		pred := string(kvs[0].Key)
-		if reg.expect(pred, resp.Header.Revision) {
-			continue // deleted since the read
+		if reg.expect(ws, resp.Header.Revision) {
+			continue // changed since the read
 		}
-		if err := w.waitWake(ctx, reg, pred, kvs[0].CreateRevision); err != nil {
+		if err := w.waitWake(ctx, reg, ws); err != nil {
 			return waitErr(ctx, err)
 		}
 	}
 }
 
-// waitWake waits until the queue should be read again: the hub saw the
-// predecessor key (created at createRev) deleted, or its watch broke or was
-// made again, or a read after an answered keepalive finds key gone (a watch
-// on a frozen member delivers nothing).
-func (w *waiter) waitWake(ctx context.Context, reg *dirReg, key string, createRev int64) error {
+// waitWake waits until the queue should be read again: the hub saw a
+// change of the keys ws that the waiter waits for, or its watch broke or
+// was made again, or a read after an answered keepalive finds one of them
+// changed (a watch on a frozen member delivers nothing).
+func (w *waiter) waitWake(ctx context.Context, reg *dirReg, ws []watched) error {
 	for {
 		select {
 		case <-ctx.Done():
@@ -643,7 +693,7 @@ func (w *waiter) waitWake(ctx context.Context, reg *dirReg, key string, createRe
 		case <-reg.ch:
 			return nil
 		case <-w.renewed:
-			if gone, err := w.predGone(ctx, key, createRev); err == nil && gone {
+			if changed, err := w.changed(ctx, ws); err == nil && changed {
 				return nil
 			}
 		}
@@ -671,16 +721,41 @@ func waitErr(ctx context.Context, err error) error {
 	return err
 }
 
-// predGone reads key, a waiter's predecessor created at createRev, and
-// reports whether it is gone.
-func (w *waiter) predGone(ctx context.Context, key string, createRev int64) (bool, error) {
-	resp, err := queued(ctx, w, "reading the predecessor", func(ctx context.Context) (*clientv3.GetResponse, error) {
-		return w.d.client.Get(ctx, key)
+// changed reads the keys ws a waiter waits for (one Get for one key, its
+// predecessor, as an exclusive waiter has) and reports whether one is gone,
+// or written since the waiter's read where it waits for that.
+func (w *waiter) changed(ctx context.Context, ws []watched) (bool, error) {
+	if len(ws) == 1 {
+		resp, err := queued(ctx, w, "reading the predecessor", func(ctx context.Context) (*clientv3.GetResponse, error) {
+			return w.d.client.Get(ctx, ws[0].key)
+		})
+		if err != nil {
+			return false, err
+		}
+		return ws[0].changedIn(resp.Kvs), nil
+	}
+	ops := make([]clientv3.Op, len(ws))
+	for i, x := range ws {
+		ops[i] = clientv3.OpGet(x.key)
+	}
+	resp, err := queued(ctx, w, "reading the keys ahead", func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return w.d.client.Txn(ctx).Then(ops...).Commit()
 	})
 	if err != nil {
 		return false, err
 	}
-	return len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != createRev, nil
+	for i, x := range ws {
+		if x.changedIn(resp.Responses[i].GetResponseRange().Kvs) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// changedIn reports whether kvs, a read of w.key, shows it gone, or
+// written since modRev where w waits for that.
+func (w watched) changedIn(kvs []*mvccpb.KeyValue) bool {
+	return len(kvs) == 0 || kvs[0].CreateRevision != w.createRev || w.updates && kvs[0].ModRevision > w.modRev
 }
 
 // queued makes a request of waiter w, as call does, bounded by

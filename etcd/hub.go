@@ -20,6 +20,11 @@ import (
 // to the waiters whose predecessor they delete (a wake-up): no goroutine
 // and no server-side watcher per lease or waiter.
 //
+// A directory hub is the same on one lock's directory, with puts as well as
+// deletes: the semaphore waiters of a Driver that wait for a change of
+// their predecessor (see wakeUpdates) share one per directory, made with
+// the first of them and ended with the last (Driver.watchQueue).
+//
 // The watch starts without a revision, so that it is in etcd's synced group
 // and a delete reaches it within a round trip. A registration made while
 // the watch is in force sees every delete that commits after it; one made
@@ -27,7 +32,10 @@ import (
 // again: the held keys are read, and every waiter is woken to read its
 // queue again.
 type hub struct {
-	d *Driver
+	d      *Driver
+	prefix string          // the range watched: the Driver's prefix, or one lock's directory
+	puts   bool            // puts too (a directory hub), not only deletes
+	ctx    context.Context // ends the watch
 
 	mu      sync.Mutex
 	started bool
@@ -42,10 +50,11 @@ type hub struct {
 	ready   chan struct{}      // closed when the watch is first in force
 }
 
-// delEvent is one delete seen by the hub.
+// delEvent is one delete (or, on a directory hub, put) seen by the hub.
 type delEvent struct {
 	key string
-	rev int64 // the delete's revision
+	rev int64 // the change's revision
+	put bool  // a put, not a delete
 }
 
 // keyReg is the hub's interest in one held (or queued) key.
@@ -60,18 +69,44 @@ type keyReg struct {
 	f    func(error) // the loss callback, once registered
 }
 
-// dirReg is a waiter's interest in the deletes in one lock directory.
+// dirReg is a waiter's interest in the changes in one lock directory.
 type dirReg struct {
 	h   *hub
 	dir string
 	ch  chan struct{} // receives when the waiter should read its queue again
+	// release (a directory hub's registration) lets the hub go when its
+	// last registration stops; nil on the Driver's prefix hub.
+	release func()
 	// Under h.mu:
-	pred string     // the key the waiter waits for; "" while unknown
-	seen []delEvent // deletes in dir since reset, while pred is unknown
+	watch []watched  // the keys whose change wakes the waiter; nil while unknown
+	seen  []delEvent // changes in dir since reset, while watch is unknown
+}
+
+// watched is one key a waiter waits on: its delete wakes the waiter, and
+// so does a write to it after modRev when updates is set.
+type watched struct {
+	key       string
+	createRev int64
+	modRev    int64
+	updates   bool
+}
+
+// wakes reports whether a change of key at rev (a put, else a delete) is
+// one that w waits for.
+func (w watched) wakes(key string, rev int64, put bool) bool {
+	return w.key == key && (!put || w.updates && rev > w.modRev)
 }
 
 func newHub(d *Driver) *hub {
-	return &hub{d: d, keys: map[string]*keyReg{}, dirs: map[string]map[*dirReg]struct{}{}, ready: make(chan struct{})}
+	return &hub{d: d, prefix: d.prefix, ctx: d.ctx, keys: map[string]*keyReg{}, dirs: map[string]map[*dirReg]struct{}{}, ready: make(chan struct{})}
+}
+
+// newDirHub is a directory hub on dir (puts and deletes), whose watch
+// ends with ctx.
+func newDirHub(d *Driver, dir string, ctx context.Context) *hub {
+	h := newHub(d)
+	h.prefix, h.puts, h.ctx = dir, true, ctx
+	return h
 }
 
 // startLocked starts the watch on first use. h.mu is held.
@@ -80,7 +115,7 @@ func (h *hub) startLocked() {
 		return
 	}
 	h.started = true
-	h.d.bg.Go(func() { h.run(h.d.ctx) })
+	h.d.bg.Go(func() { h.run(h.ctx) })
 }
 
 // lossErr is the error a lease's loss callback receives.
@@ -191,30 +226,40 @@ func (h *hub) watchDir(dir string) *dirReg {
 	return r
 }
 
-// reset forgets the predecessor and the deletes seen; the waiter calls it
+// reset forgets the keys watched and the changes seen; the waiter calls it
 // just before it reads its queue.
 func (r *dirReg) reset() {
 	r.h.mu.Lock()
 	defer r.h.mu.Unlock()
-	r.pred, r.seen = "", nil
+	r.watch, r.seen = nil, nil
 	select {
 	case <-r.ch:
 	default:
 	}
 }
 
-// expect makes pred, found by a queue read at revision readRev, the key
-// whose delete wakes the waiter. It reports whether pred was deleted after
-// the read already.
-func (r *dirReg) expect(pred string, readRev int64) (gone bool) {
+// expect makes ws, found by a queue read at revision readRev, the keys
+// whose change wakes the waiter (ws is not empty). It reports whether one
+// of them changed after the read already.
+func (r *dirReg) expect(ws []watched, readRev int64) (changed bool) {
 	r.h.mu.Lock()
 	defer r.h.mu.Unlock()
 	for _, ev := range r.seen {
-		if ev.key == pred && ev.rev > readRev {
+		if ev.rev > readRev && wakesAny(ws, ev) {
 			return true
 		}
 	}
-	r.pred, r.seen = pred, nil
+	r.watch, r.seen = ws, nil
+	return false
+}
+
+// wakesAny reports whether ev is a change one of ws waits for.
+func wakesAny(ws []watched, ev delEvent) bool {
+	for _, w := range ws {
+		if w.wakes(ev.key, ev.rev, ev.put) {
+			return true
+		}
+	}
 	return false
 }
 
@@ -222,12 +267,15 @@ func (r *dirReg) expect(pred string, readRev int64) (gone bool) {
 func (r *dirReg) stop() {
 	h := r.h
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if m := h.dirs[r.dir]; m != nil {
 		delete(m, r)
 		if len(m) == 0 {
 			delete(h.dirs, r.dir)
 		}
+	}
+	h.mu.Unlock()
+	if r.release != nil {
+		r.release()
 	}
 }
 
@@ -238,16 +286,18 @@ func (r *dirReg) wake() {
 	}
 }
 
-// dispatch hands the deletes of one watch response out.
+// dispatch hands the deletes (and a directory hub's puts) of one watch
+// response out.
 func (h *hub) dispatch(evs []*clientv3.Event) {
 	var calls []func(error)
 	h.mu.Lock()
 	for _, ev := range evs {
-		if ev.Type != clientv3.EventTypeDelete {
+		put := ev.Type != clientv3.EventTypeDelete
+		if put && !h.puts {
 			continue
 		}
 		key, rev := string(ev.Kv.Key), ev.Kv.ModRevision
-		if r := h.keys[key]; r != nil {
+		if r := h.keys[key]; r != nil && !put {
 			switch {
 			case r.rev == 0:
 				r.seen = append(r.seen, rev)
@@ -262,10 +312,10 @@ func (h *hub) dispatch(evs []*clientv3.Event) {
 			continue
 		}
 		for r := range h.dirs[key[:i+1]] {
-			switch r.pred {
-			case "":
-				r.seen = append(r.seen, delEvent{key, rev})
-			case key:
+			switch ev := (delEvent{key, rev, put}); {
+			case r.watch == nil:
+				r.seen = append(r.seen, ev)
+			case wakesAny(r.watch, ev):
 				r.wake()
 			}
 		}
@@ -303,7 +353,11 @@ func (h *hub) run(ctx context.Context) {
 			before()
 		}
 		var werr error
-		wch := h.d.client.Watch(wctx, h.d.prefix, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithCreatedNotify()}
+		if !h.puts {
+			opts = append(opts, clientv3.WithFilterPut())
+		}
+		wch := h.d.client.Watch(wctx, h.prefix, opts...)
 		for wr := range wch {
 			if err := wr.Err(); err != nil {
 				werr = err
@@ -340,8 +394,12 @@ func (h *hub) run(ctx context.Context) {
 		// leader), one per watchWarnEvery.
 		if werr != nil && time.Since(warned) >= watchWarnEvery {
 			warned = time.Now()
-			h.d.log.Warn("dlock/etcd: the watch on the lock prefix broke; waking the waiters and watching again",
-				"prefix", h.d.prefix, "error", werr, "attempt", failures, "retry_in", wait)
+			what := "the lock prefix"
+			if h.puts {
+				what = "a lock's queue"
+			}
+			h.d.log.Warn("dlock/etcd: the watch on "+what+" broke; waking the waiters and watching again",
+				"prefix", h.prefix, "error", werr, "attempt", failures, "retry_in", wait)
 		}
 		_ = pause(ctx, wait)
 	}

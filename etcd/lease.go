@@ -205,7 +205,7 @@ func (l *lease) move(ctx context.Context, secs int64) (time.Duration, error) {
 		return 0, err
 	}
 	nw := newEtcdLease(g.ID, time.Duration(g.TTL)*time.Second)
-	cmps, put := l.unchanged(old.id, modRev), clientv3.OpPut(l.w.myKey, l.w.holder, clientv3.WithLease(nw.id))
+	cmps, put := l.unchanged(old.id, modRev), clientv3.OpPut(l.w.myKey, l.w.value, clientv3.WithLease(nw.id))
 	if h := d.holdMove; h != nil {
 		// Tests: the transaction is sent later, or never.
 		err = h(nw.id, func(ctx context.Context) (bool, error) {
@@ -296,7 +296,7 @@ func (l *lease) settle(ctx context.Context, ms []pendingMove) (*pendingMove, boo
 	resp, err := call(rctx, d, "settling a move of the lock key", func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return d.client.Txn(ctx).
 			If(l.unchanged(cur.id, modRev)...).
-			Then(clientv3.OpPut(l.w.myKey, l.w.holder, clientv3.WithLease(cur.id))).
+			Then(clientv3.OpPut(l.w.myKey, l.w.value, clientv3.WithLease(cur.id))).
 			Else(clientv3.OpGet(l.w.myKey)).
 			Commit()
 	})

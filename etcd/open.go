@@ -62,7 +62,7 @@ func (o *URLOpener) OpenLockerURL(ctx context.Context, u *url.URL) (*dlock.Locke
 // Guarantees declares, before any I/O, what every Locker the opener opens
 // promises at best (driver.GuaranteesDeclarer).
 func (o *URLOpener) Guarantees() dlock.Guarantees {
-	return dlock.Guarantees{Fencing: dlock.FencingConsensus}
+	return dlock.Guarantees{Fencing: dlock.FencingConsensus, Shared: true}
 }
 
 // defaultDialTimeout bounds the first round trip of a client built from a

@@ -54,6 +54,14 @@ func init() {
 		d.hub.before = f
 	})
 
+	// DirWatches is the number of d's directory watches (the semaphore
+	// waiters' watches of their lock's queue, one per directory).
+	testhook.Set("etcd.DirWatches", func(d *Driver) int {
+		d.dirHubsMu.Lock()
+		defer d.dirHubsMu.Unlock()
+		return len(d.dirHubs)
+	})
+
 	// LoggerOf returns the Logger d logs to.
 	testhook.Set("etcd.LoggerOf", func(d *Driver) *slog.Logger { return d.log })
 

@@ -2,12 +2,10 @@ package etcd_test
 
 import (
 	"context"
-	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dlock-go/dlock"
@@ -33,17 +31,24 @@ func (h *harness) NewLocker(ctx context.Context, opts *dlock.Options) (*dlock.Lo
 	return openLocker(ctx, h.endpoints[i%int64(len(h.endpoints)):][:1], opts)
 }
 
-// Expire revokes the lease of every key in key's queue (the holder's and
-// the waiters'), as the server does when their TTLs run out.
+// Expire drops every entry of key's queue (the holders' — an exclusive
+// holder, every permit of a semaphore, every reader — and the waiters'), as
+// the server does when their TTLs run out: each key is deleted in a
+// transaction on its create revision (whichever lease it is on now), not
+// by revoking the lease read a moment before, which its Locker may have
+// put back in its pool since and reused for a grant on another key (a
+// revoke would drop that one too).
 func (h *harness) Expire(ctx context.Context, key string) error {
 	resp, err := h.admin.Get(ctx, dir(key), clientv3.WithPrefix())
 	if err != nil {
 		return err
 	}
 	for _, kv := range resp.Kvs {
-		// A lease revoked since the read (released, or moved by a
-		// refresh) is gone already.
-		if _, err := h.admin.Revoke(ctx, clientv3.LeaseID(kv.Lease)); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		// A key released since the read (and perhaps made again) is
+		// left alone.
+		k := string(kv.Key)
+		if _, err := h.admin.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", kv.CreateRevision)).
+			Then(clientv3.OpDelete(k)).Commit(); err != nil {
 			return err
 		}
 	}

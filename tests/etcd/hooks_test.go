@@ -19,6 +19,7 @@ var (
 	breakWatch     = testhook.Get[func(*etcd.Driver)]("etcd.BreakWatch")
 	watchCreated   = testhook.Get[func(*etcd.Driver) <-chan struct{}]("etcd.WatchCreated")
 	poolSize       = testhook.Get[func(*etcd.Driver) int]("etcd.PoolSize")
+	dirWatches     = testhook.Get[func(*etcd.Driver) int]("etcd.DirWatches")
 	beforeWatch    = testhook.Get[func(*etcd.Driver, func())]("etcd.BeforeWatch")
 	loggerOf       = testhook.Get[func(*etcd.Driver) *slog.Logger]("etcd.LoggerOf")
 	injectFault    = testhook.Get[func(*etcd.Driver, func(doing string, id clientv3.LeaseID) error)]("etcd.InjectFault")
