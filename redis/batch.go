@@ -1,9 +1,11 @@
 package redis
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -27,10 +29,11 @@ const maxRefreshMany = 1000
 // documentation, Replication).
 //
 // On a single primary (a *goredis.Client or a failover client), the
-// refreshes go in one script call per 1,000 leases (refreshmany.lua), the
-// calls in one pipeline; on a Cluster, one refresh.lua per lease (the keys
-// of one script must share a slot), in one pipeline, which go-redis splits
-// by shard and sends to the shards in parallel. If the server's script
+// refreshes go in one script call per 1,000 leases (refreshmany.lua; for
+// shared leases, refreshmanyshared.lua), the calls in one pipeline; on a
+// Cluster, one refresh.lua (refreshshared.lua) per lease (the keys of one
+// script must share a slot), in one pipeline, which go-redis splits by
+// shard and sends to the shards in parallel. If the server's script
 // cache was flushed, the calls it refused are sent again with EVAL, in a
 // second round trip.
 //
@@ -64,33 +67,60 @@ func (d *Driver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest
 		return
 	}
 
-	// One call per lease on a Cluster, else per maxRefreshMany leases.
+	// One call per lease on a Cluster, else per maxRefreshMany leases of
+	// one kind: exclusive leases in refreshmany.lua, shared ones in
+	// refreshmanyshared.lua.
 	type call struct {
-		items []item
-		keys  []string
-		args  []any
-		many  bool
-		cmd   *goredis.Cmd
+		items  []item
+		keys   []string
+		args   []any
+		script *goredis.Script
+		many   bool
+		cmd    *goredis.Cmd
 	}
 	var calls []call
 	if _, cluster := d.client.(shardIterator); cluster {
 		calls = make([]call, len(items))
 		for k, it := range items {
-			calls[k] = call{items: items[k : k+1], keys: it.l.keys[:1], args: []any{it.l.args[0], it.ms}}
+			c := call{items: items[k : k+1], keys: it.l.keys[:1], args: []any{it.l.args[0], it.ms}, script: refreshScript}
+			if it.l.shared != nil {
+				c.keys, c.script = it.l.shared.keys[:3], refreshSharedScript
+			}
+			calls[k] = c
 		}
 	} else {
+		// Exclusive leases first, then shared ones (a stable
+		// partition: a batch of one kind is not reordered).
+		if slices.ContainsFunc(items, func(it item) bool { return it.l.shared != nil }) {
+			slices.SortStableFunc(items, func(a, b item) int {
+				return cmp.Compare(b2i(a.l.shared != nil), b2i(b.l.shared != nil))
+			})
+		}
 		// The TTL as a string, formatted once per distinct TTL (the
 		// watchdog's batches usually share one).
 		var lastMs int64
 		var lastArg any
 		for len(items) > 0 {
-			n := min(len(items), maxRefreshMany)
-			c := call{items: items[:n], keys: make([]string, n), args: make([]any, 0, 2*n), many: true}
-			for k, it := range c.items {
+			shared := items[0].l.shared != nil
+			n := 1
+			for n < min(len(items), maxRefreshMany) && (items[n].l.shared != nil) == shared {
+				n++
+			}
+			c := call{items: items[:n], args: make([]any, 0, 2*n), script: refreshManyScript, many: true}
+			if shared {
+				c.keys, c.script = make([]string, 0, 3*n), refreshManySharedScript
+			} else {
+				c.keys = make([]string, 0, n)
+			}
+			for _, it := range c.items {
 				if lastArg == nil || it.ms != lastMs {
 					lastMs, lastArg = it.ms, strconv.FormatInt(it.ms, 10)
 				}
-				c.keys[k] = it.l.keys[0]
+				if shared {
+					c.keys = append(c.keys, it.l.shared.keys[:3]...)
+				} else {
+					c.keys = append(c.keys, it.l.keys[0])
+				}
 				c.args = append(c.args, it.l.args[0], lastArg)
 			}
 			calls = append(calls, c)
@@ -103,14 +133,10 @@ func (d *Driver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest
 		pipe := d.client.Pipeline()
 		for _, k := range idx {
 			c := &calls[k]
-			s := refreshScript
-			if c.many {
-				s = refreshManyScript
-			}
 			if eval {
-				c.cmd = s.Eval(ctx, pipe, c.keys, c.args...)
+				c.cmd = c.script.Eval(ctx, pipe, c.keys, c.args...)
 			} else {
-				c.cmd = s.EvalSha(ctx, pipe, c.keys, c.args...)
+				c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
 			}
 		}
 		_, _ = pipe.Exec(ctx) // the errors are in the commands
@@ -138,7 +164,7 @@ func (d *Driver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest
 		if c.many {
 			res, err = c.cmd.Int64Slice()
 			if err == nil && len(res) != len(c.items) {
-				err = fmt.Errorf("redis: refreshmany.lua returned %d results for %d leases", len(res), len(c.items))
+				err = fmt.Errorf("redis: a batch refresh script returned %d results for %d leases", len(res), len(c.items))
 			}
 		} else {
 			var n int64
@@ -162,4 +188,12 @@ func (d *Driver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest
 			}
 		}
 	}
+}
+
+// b2i is 1 for true, 0 for false.
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -116,6 +116,87 @@
 // needs Redis 7.0 or later (SET with both NX and GET; TIME before a write in
 // a script, which relies on scripts replicating their effects).
 //
+// # Shared leases
+//
+// The backend serves shared leases ([backend.Guarantees].Shared): a permit
+// of a counting semaphore (dlock.AcquireOptions.Permits) and a reader's
+// lease of a read-write lock (AcquireOptions.Shared). A plain acquire of
+// such a key is the writer: it excludes them all.
+//
+// Data layout. While key k is held by shared leases, its lock key
+// Prefix+"{"+k+"}" holds a marker instead of a grant's value: a NUL byte,
+// 's', the permits (0 for readers), ':' and the writer's time (below), in
+// server milliseconds, followed by the waited-for mark '+' once a waiter
+// has marked it. Beside it, in the same hash slot, Prefix+"{"+k+"}:holders"
+// is a sorted set with one member per lease, its value (the holder
+// description and the ownership part, as an exclusive lock's value),
+// scored by its expiry in server milliseconds (TIME plus the TTL); and
+// Prefix+"{"+k+"}:tokens" is a hash of each lease's fencing token. A lease
+// is valid while the server clock reads before its score; every script
+// first prunes the members whose score has passed. All three keys expire
+// (PEXPIREAT) at the highest score, so none outlives its holders. No
+// grant's value begins with a NUL byte (a holder description is
+// printable), so an exclusive acquire's SET NX fails on the marker as on
+// any holder's value: the exclusive path is what it was, without a command
+// more, and an exclusive lock has no holders or tokens key.
+//
+// The grant rule. A shared acquire is one EVALSHA of acquireshared.lua
+// (in the shared pipelines, and followed by WAIT with WaitReplicas, as an
+// exclusive acquire). It is granted when the key is free (its holders all
+// expired), or when it is held by shared leases of the same Permits with
+// fewer than Permits holders (any number of readers) and no writer waits.
+// A request whose Permits differ from the holders' fails at once with a
+// *[backend.PermitsError] and writes nothing. Otherwise (an exclusive
+// holder, a full semaphore, a waiting writer) it marks the lock key as
+// waited for and returns a [backend.HeldError] whose RetryAfter is the
+// exclusive holder's PTTL, or the time until the first shared holder
+// expires. The script is safe to run twice: a resent acquire finds its own
+// member and returns the first run's token.
+//
+// Writers are not starved. An exclusive attempt of a waiting Acquire
+// ([backend.Request].Wait > 0: acquire.lua's fifth argument, sent with
+// those attempts only) that finds the marker writes the writer's time,
+// now + Wait (2 × the Locker's RetryMax), into it: until then shared
+// requests are refused. A TryAcquire writes nothing. When the last shared
+// lease ends by release before that time, the lock key stays reserved for
+// writers until then (a NUL byte, 'w' and the time): the next exclusive
+// acquire takes it as it takes a free key, and shared ones wait. A writer
+// that gives up thus keeps readers out for at most Wait after its last
+// attempt.
+//
+// Release and refresh. Release (releaseshared.lua) removes the lease's
+// member if it is still valid by the server clock (else [backend.ErrNotHeld],
+// changing nothing); the last holder out deletes the three keys, or leaves
+// the reservation. Refresh (refreshshared.lua) moves a valid member's score
+// to now + TTL and the three keys' expiry with it; it never re-creates a
+// lease. [Driver.RefreshBatch] refreshes shared leases with
+// refreshmanyshared.lua (one call per 1,000 leases; one refreshshared.lua
+// per lease on a Cluster).
+//
+// How waiters wait. As for an exclusive lock ([backend.Waiter]): a
+// waiting Locker watches the key's release channel and marks the lock key
+// with its failed attempt, and a release of a marked key (shared or
+// exclusive) publishes on the channel. Every Locker that watches the key
+// wakes and makes one attempt: the herd is one attempt per waiting Locker,
+// not one per waiter, since a Locker's waiters for one key take turns (the
+// dlock layer's line). With one permit freed and many Lockers waiting, one
+// attempt wins and the others find the semaphore full again and wait for
+// the next release (or their fallback poll, RetryAfter or RetryMax).
+//
+// Fairness. None across processes: whichever attempt reaches the server
+// first after a release wins (Guarantees().FIFO is false). A Locker's own
+// waiters are served in arrival order by the dlock layer. Writers are
+// preferred as described above.
+//
+// Tokens. acquireshared.lua issues its token as acquire.lua does (the
+// larger of the counter + 1 and the server clock, written back to the
+// same counter key, Prefix+"{"+k+"}:fence"), so tokens increase over all
+// grants on a key, shared and exclusive, with the limits that Fencing
+// tokens describes. [Driver.Inspect] reports every valid lease in
+// LockInfo.Holders (oldest grant first, each with its token, TTL and
+// holder), with Shared and Permits; [Driver.Keys] lists shared keys (and
+// keys reserved for a writer) with the others.
+//
 // # Timeouts and retries
 //
 // go-redis applies a context's deadline and cancellation to socket reads
@@ -228,9 +309,12 @@
 // (dlock: here), the commands the backend sends and those its Lua scripts
 // call (Redis checks those too):
 //
-//	ACL SETUSER locker reset on >pw ~dlock:* &dlock:* +evalsha +eval +script|load +get +set +del +append +incr +pexpire +pttl +time +publish +subscribe +unsubscribe +ping +config|get
+//	ACL SETUSER locker reset on >pw ~dlock:* &dlock:* +evalsha +eval +script|load +get +set +del +append +incr +pexpire +pexpireat +pttl +time +zadd +zrem +zscore +zrange +zcard +hset +hget +hdel +publish +subscribe +unsubscribe +ping +config|get
 //
-// plus +wait with WaitReplicas (wait_replicas), and less +config|get with
+// (the sorted-set and hash commands and PEXPIREAT are those of the
+// shared-lease scripts, see Shared leases; they are checked whether or not
+// the program takes shared leases), plus +wait with WaitReplicas
+// (wait_replicas), and less +config|get with
 // EvictionCheck warn or ignore. Mind the channels (&dlock:*): Redis 7
 // gives a new user none, and without them waiters are never woken by a
 // release. [NewDriver] (so [New] and Open) checks these rights on a probe

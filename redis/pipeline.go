@@ -149,7 +149,8 @@ func (d *Driver) deleteOrphans(orphans []*lease) {
 	pl := d.client.Pipeline()
 	for _, l := range orphans {
 		// EVAL, not EVALSHA: rare, and no NOSCRIPT round trip.
-		_ = releaseScript.Eval(ctx, pl, l.keys[:1], l.args[:1]...)
+		s, keys := l.releaser()
+		_ = s.Eval(ctx, pl, keys, l.args[:1]...)
 	}
 	_, _ = pl.Exec(ctx) // best effort
 }

@@ -24,12 +24,20 @@ var (
 	releaseScript     = redisscript.Release
 	refreshScript     = redisscript.Refresh
 	refreshManyScript = redisscript.RefreshMany
+
+	// Shared leases (see the package documentation, Shared leases).
+	acquireSharedScript     = redisscript.AcquireShared
+	releaseSharedScript     = redisscript.ReleaseShared
+	refreshSharedScript     = redisscript.RefreshShared
+	refreshManySharedScript = redisscript.RefreshManyShared
 )
 
 // Suffixes of the keys and channel that belong to one lock key.
 const (
 	fenceSuffix   = redisscript.FenceSuffix
 	releaseSuffix = redisscript.ReleaseSuffix
+	holdersSuffix = redisscript.HoldersSuffix
+	tokensSuffix  = redisscript.TokensSuffix
 )
 
 // DefaultPrefix is the key prefix used when [Options].Prefix is empty.
@@ -298,7 +306,8 @@ func (d *Driver) start(ctx context.Context) error {
 	if err := d.checkEviction(ctx); err != nil {
 		return err
 	}
-	for _, s := range []*goredis.Script{acquireScript, releaseScript, refreshScript, refreshManyScript} {
+	for _, s := range []*goredis.Script{acquireScript, releaseScript, refreshScript, refreshManyScript,
+		acquireSharedScript, releaseSharedScript, refreshSharedScript, refreshManySharedScript} {
 		if err := s.Load(ctx, d.client).Err(); err != nil {
 			if r, ok := redisscript.AsRefusal("script|load", "", err); ok {
 				return d.refused([]redisscript.Refusal{r})
@@ -313,7 +322,8 @@ func (d *Driver) start(ctx context.Context) error {
 // (see the package documentation, Permissions): on a probe lock key under
 // the prefix, which no lock uses, the scripts' commands, EVALSHA and EVAL,
 // its release channel (PUBLISH, from the probe script; SUBSCRIBE and
-// UNSUBSCRIBE, on a connection of its own), and WAIT when WaitReplicas >
+// UNSUBSCRIBE, on a connection of its own), the commands of the shared
+// lease scripts on the probe key's holders and tokens keys, and WAIT when WaitReplicas >
 // 0. Without such a check a user without channel rights (Redis 7's default
 // for a new ACL user) would open fine, its waiters would each fall back to
 // polling, and its releases would not be published. It costs one
@@ -336,7 +346,7 @@ func (d *Driver) checkRights(ctx context.Context) error {
 		wg     sync.WaitGroup
 	)
 	wg.Go(func() { subErr = d.hub.h.CheckSubscribe(ctx, channel) })
-	refused, err := redisscript.CheckRights(ctx, d.client, lk, extra...)
+	refused, err := redisscript.CheckRightsShared(ctx, d.client, lk, extra...)
 	wg.Wait()
 	if r, ok := redisscript.AsRefusal("subscribe", channel, subErr); ok {
 		refused = append(refused, r)
@@ -469,13 +479,15 @@ func (d *Driver) Limits() backend.Limits { return limits }
 var limits = backend.Limits{MinTTL: time.Millisecond}
 
 // Guarantees reports best-effort fencing, no tolerated failures, no FIFO,
-// and a clock-dependent lease.
+// a clock-dependent lease, and shared leases (semaphores and read-write
+// locks; see the package documentation, Shared leases).
 func (d *Driver) Guarantees() backend.Guarantees {
 	return backend.Guarantees{
 		Backend:           "redis",
 		Fencing:           backend.FencingBestEffort,
 		ToleratedFailures: 0,
 		FIFO:              false,
+		Shared:            true,
 		ClockDependent:    true,
 		Notes: "A failover to a replica that missed the lock (replication is asynchronous), a restart that loses it " +
 			"(no persistence, or writes not yet on disk), a process pause longer than the TTL or a clock jump can let two " +
@@ -487,7 +499,10 @@ func (d *Driver) Guarantees() backend.Guarantees {
 			"server's clock reads behind that earlier token: stepped back by more than the time since that grant (an " +
 			"outage included), behind the old primary's clock by more than the time between the two grants (a promoted " +
 			"replica), or behind a token that came from a counter set ahead of the clock (by hand, or by a server with " +
-			"a faster clock).",
+			"a faster clock). " +
+			"Shared leases (semaphores, readers) share these limits and the token counter; their waiters in different " +
+			"processes are served in no set order, and a waiting writer keeps new readers out only while it keeps trying " +
+			"(for 2 × RetryMax after each attempt).",
 	}
 }
 
@@ -548,8 +563,18 @@ func ttlMillis(ttl time.Duration) (int64, error) {
 // waits for the lock to reach the replicas) and returns the same token. A TTL that is not a whole number of
 // milliseconds is truncated down; the lease reports the truncated TTL.
 //
+// An attempt of a waiting Acquire (req.Wait > 0) also passes req.Wait, in
+// whole milliseconds, to acquire.lua: if it finds the key held by shared
+// leases, it keeps new shared leases out for that long (see the package
+// documentation, Shared leases). A shared request (req.Shared) runs
+// acquireshared.lua instead, the same way; one whose Permits differ from
+// those of the key's holders returns a *[backend.PermitsError], having
+// taken nothing.
+//
 // When the key is held it returns a *[backend.HeldError] whose RetryAfter is
-// the holder's remaining PTTL (0 if the key has no expiry). On a network
+// the holder's remaining PTTL (0 if the key has no expiry; for a shared
+// request on a full semaphore or behind a waiting writer, the time until
+// the first shared holder expires). On a network
 // error, a cancelled ctx or too few replicas it deletes the lock again if
 // this attempt may have taken it (best effort, bounded by a short timeout
 // that ignores ctx's cancellation, on a client whose ContextTimeoutEnabled
@@ -564,6 +589,9 @@ func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.L
 	if d.waitN > 0 && ttl <= d.waitTimeout {
 		// The lock could expire while WAIT blocks.
 		return nil, fmt.Errorf("%w: redis: TTL %v is not longer than WaitTimeout %v", backend.ErrInvalidTTL, ttl, d.waitTimeout)
+	}
+	if req.Shared {
+		return d.tryAcquireShared(ctx, req, ms)
 	}
 	// One allocation for both keys: the lock key is a prefix of the
 	// counter key.
@@ -583,19 +611,48 @@ func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.L
 		l.args[2], l.args[3] = "", ta.counter
 		args = l.args[:4]
 	}
+	if req.Wait > 0 {
+		// An attempt of a waiting Acquire: a writer, which keeps new
+		// shared leases out for Wait if it finds the key held by
+		// them (acquire.lua's ARGV[5]; "" for an ARGV[4] not set).
+		counter := l.args[3]
+		if counter == nil {
+			counter = ""
+		}
+		args = []any{l.args[0], l.args[1], "", counter, waitMillis(req.Wait)}
+	}
+	return d.grant(ctx, l, acquireScript, l.keys[:], args)
+}
+
+// waitMillis is a Request.Wait in whole milliseconds, rounded up.
+func waitMillis(w time.Duration) int64 {
+	return int64((w + time.Millisecond - 1) / time.Millisecond)
+}
+
+// grant runs the acquire script s (acquire.lua or acquireshared.lua) of
+// the lease l with keys and args and makes l the grant, or returns why
+// not: a *backend.HeldError, a *backend.PermitsError (acquireshared.lua),
+// or a failure wrapping backend.ErrUnavailable, after deleting what the
+// attempt may have taken.
+func (d *Driver) grant(ctx context.Context, l *lease, s *goredis.Script, keys []string, args []any) (backend.Lease, error) {
 	var (
 		res   int64
 		cut   *pending
+		err   error
 		waitN = int64(d.waitN)
 	)
 	if d.waitN > 0 {
 		// Never pipelined: WAIT must follow the script on its
 		// connection.
-		res, waitN, err = d.acquireWait(ctx, l.keys[:], args)
+		res, waitN, err = d.acquireWait(ctx, s, keys, args)
 	} else {
-		res, cut, err = d.script(ctx, acquireScript, l.keys[:], args)
+		res, cut, err = d.script(ctx, s, keys, args)
 	}
 	if err != nil {
+		if held, ok := redisscript.HeldPermits(err); ok && l.shared != nil {
+			// Nothing was taken (acquireshared.lua).
+			return nil, &backend.PermitsError{Asked: l.shared.permits, Held: held}
+		}
 		l.cleanupAfter(ctx, cut)
 		return nil, unavailable(err)
 	}
@@ -630,17 +687,18 @@ func (d *Driver) ttlArgs(ms int64) *boxedTTL {
 	return b
 }
 
-// acquireWait sends acquire.lua and WAIT in one pipeline (one connection,
-// as WAIT requires) and returns the script's reply and the number of
-// replicas that acknowledged.
-func (d *Driver) acquireWait(ctx context.Context, keys []string, args []any) (res, waitN int64, err error) {
+// acquireWait sends the acquire script s (acquire.lua or
+// acquireshared.lua) and WAIT in one pipeline (one connection, as WAIT
+// requires) and returns the script's reply and the number of replicas
+// that acknowledged.
+func (d *Driver) acquireWait(ctx context.Context, s *goredis.Script, keys []string, args []any) (res, waitN int64, err error) {
 	run := func(eval bool) (*goredis.Cmd, *goredis.Cmd) {
 		pipe := d.client.Pipeline()
 		var ev *goredis.Cmd
 		if eval {
-			ev = acquireScript.Eval(ctx, pipe, keys, args...)
+			ev = s.Eval(ctx, pipe, keys, args...)
 		} else {
-			ev = acquireScript.EvalSha(ctx, pipe, keys, args...)
+			ev = s.EvalSha(ctx, pipe, keys, args...)
 		}
 		// Pipeliner has no Wait method; the reply is read with the
 		// client's ReadTimeout, hence WaitTimeout < ReadTimeout.
@@ -668,6 +726,44 @@ type lease struct {
 	args  [4]any    // acquire.lua's ARGV: lock value (string: holder + ownership part), TTL in ms (int64), "", counter TTL in ms (int64)
 	token uint64
 	ttl   time.Duration
+	// shared is set for a shared lease (nil for an exclusive one,
+	// keeping the struct in its size class).
+	shared *sharedLease
+}
+
+// sharedLease is what a shared lease has beyond an exclusive one.
+type sharedLease struct {
+	// keys are the lock key, its holders and tokens keys (the KEYS of
+	// releaseshared.lua and refreshshared.lua) and the counter key (the
+	// fourth of acquireshared.lua's).
+	keys    [4]string
+	permits int // backend.Request.Permits
+}
+
+// releaser returns the script that releases l and its keys.
+func (l *lease) releaser() (*goredis.Script, []string) {
+	if l.shared != nil {
+		return releaseSharedScript, l.shared.keys[:3]
+	}
+	return releaseScript, l.keys[:1]
+}
+
+// tryAcquireShared is TryAcquire of a shared lease (req.Shared), with its
+// TTL in whole milliseconds: one EVALSHA of acquireshared.lua (see the
+// package documentation, Shared leases), shared pipelines and WAIT as for
+// an exclusive acquire.
+func (d *Driver) tryAcquireShared(ctx context.Context, req backend.Request, ms int64) (backend.Lease, error) {
+	lk := d.lockKey(req.Key)
+	sh := &sharedLease{keys: [4]string{lk, lk + holdersSuffix, lk + tokensSuffix, lk + fenceSuffix}, permits: req.Permits}
+	l := &lease{d: d, keys: [2]string{lk, sh.keys[3]}, ttl: time.Duration(ms) * time.Millisecond, shared: sh}
+	ta := d.ttlArgs(ms)
+	l.args[0], l.args[1] = redisscript.NewValue(req.Holder), ta.ms
+	counter := any("") // no expiry
+	if d.retention > 0 {
+		counter = ta.counter
+	}
+	args := []any{l.args[0], ta.ms, strconv.Itoa(req.Permits), counter}
+	return d.grant(ctx, l, acquireSharedScript, sh.keys[:], args)
 }
 
 var _ backend.Lease = (*lease)(nil)
@@ -682,7 +778,11 @@ func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 	if err != nil {
 		return 0, err
 	}
-	n, err := refreshScript.Run(ctx, l.d.client, l.keys[:1], l.args[0], ms).Int64()
+	s, keys := refreshScript, l.keys[:1]
+	if l.shared != nil {
+		s, keys = refreshSharedScript, l.shared.keys[:3]
+	}
+	n, err := s.Run(ctx, l.d.client, keys, l.args[0], ms).Int64()
 	if err != nil {
 		return 0, unavailable(err)
 	}
@@ -698,7 +798,8 @@ func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 // warning (see warnUnannounced); its waiters find it free when they next
 // poll.
 func (l *lease) Release(ctx context.Context) error {
-	n, _, err := l.d.script(ctx, releaseScript, l.keys[:1], l.args[:1])
+	s, keys := l.releaser()
+	n, _, err := l.d.script(ctx, s, keys, l.args[:1])
 	if err != nil {
 		return unavailable(err)
 	}
@@ -759,5 +860,6 @@ func (l *lease) cleanupAfter(ctx context.Context, cut *pending) {
 			return // held by another: not ours to delete
 		}
 	}
-	_ = releaseScript.Run(ctx, l.d.client, l.keys[:1], l.args[:1]...).Err()
+	s, keys := l.releaser()
+	_ = s.Run(ctx, l.d.client, keys, l.args[:1]...).Err()
 }

@@ -87,6 +87,11 @@ func TestACLRefusedAtOpen(t *testing.T) {
 		{"+script|load", []string{"may not run SCRIPT|LOAD", "+script|load"}},
 		{"+append", []string{"may not run APPEND", "+append"}},
 		{"~dlock:*", []string{`may not read or write key "dlock:{\x00probe:`, "~dlock:*"}},
+		// The shared-lease scripts' commands (issue 24).
+		{"+zadd", []string{"may not run ZADD", "+zadd"}},
+		{"+zrange", []string{"may not run ZRANGE", "+zrange"}},
+		{"+hdel", []string{"may not run HDEL", "+hdel"}},
+		{"+pexpireat", []string{"may not run PEXPIREAT", "+pexpireat"}},
 	} {
 		t.Run("without "+tc.drop, func(t *testing.T) {
 			t.Parallel()

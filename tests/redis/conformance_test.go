@@ -44,14 +44,26 @@ func (h *harness) NewLocker(ctx context.Context, opts *dlock.Options) (*dlock.Lo
 	return l, nil
 }
 
+// Expire drops every lease on key: an exclusive lock, or all shared
+// leases (the lock key, its holders and their tokens), as
+// memory.Store.Expire does.
 func (h *harness) Expire(ctx context.Context, key string) error {
-	return h.admin.Del(ctx, lockKey(key)).Err()
+	return h.admin.Del(ctx, sharedKeys(key)...).Err()
 }
 
-// Residue reports a lock key or a live subscription to its release channel
-// (a waiter that did not stop watching).
+// sharedKeys returns key's lock key and the holders and tokens keys of
+// its shared leases (see the redis package documentation, Shared leases).
+func sharedKeys(key string) []string {
+	lk := lockKey(key)
+	return []string{lk, lk + ":holders", lk + ":tokens"}
+}
+
+// Residue reports a lock key (a holder, exclusive or shared, or a key
+// reserved for a waiting writer), shared holders or their tokens, or a live
+// subscription to its release channel (a waiter that did not stop
+// watching).
 func (h *harness) Residue(ctx context.Context, key string) (bool, error) {
-	n, err := h.admin.Exists(ctx, lockKey(key)).Result()
+	n, err := h.admin.Exists(ctx, sharedKeys(key)...).Result()
 	if err != nil || n > 0 {
 		return n > 0, err
 	}

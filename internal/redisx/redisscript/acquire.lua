@@ -10,8 +10,12 @@
 --          too (Redlock, see below); any other value (the single-Redis
 --          backend passes '') does not
 -- ARGV[4]: optional; the counter's TTL in whole milliseconds (> ARGV[2])
---          for a grant whose token is the server clock; without it the
---          counter never expires
+--          for a grant whose token is the server clock; without it (or
+--          with '') the counter never expires
+-- ARGV[5]: optional (the single-Redis backend, for the attempts of a
+--          waiting Acquire): Request.Wait in whole milliseconds; an attempt
+--          that finds the key held by shared leases keeps new shared
+--          leases out for that long (see below)
 --
 -- Returns the token (> 0, as a decimal string: a Lua number, a double, is
 -- not exact beyond 2^53) when the lock is ours, or with ARGV[3] 'clock' the
@@ -22,26 +26,32 @@
 -- for a key without expiry (PTTL -1) and -2 - ms otherwise (so 0 is never
 -- returned).
 --
--- The token is the larger of the counter + 1 and the server time in
--- microseconds, and it is written back to the counter: a clock floor under
--- every grant. The counter alone could repeat tokens: a counter lost or
--- restored stale (a restart from an RDB snapshot or an AOF fsynced every
--- second, a failover to a replica that missed the last increments, an
--- eviction, a DEL) would hand out earlier tokens again, while the lock
--- keys taken since are lost with it. With the floor, a token is below an
--- earlier one only if this server's clock reads behind that token (see
--- doc.go of the redis package). TIME before a write is allowed because
--- scripts replicate their effects (the only mode since Redis 7). SET with
--- both NX and GET needs Redis 7.0.
+-- The token is issued by issue (issue.lua, prepended to this script): the
+-- larger of the counter + 1 and the server time in microseconds, written
+-- back to the counter. SET with both NX and GET needs Redis 7.0.
 --
--- The counter is bounded: when the token is the clock, every later token
--- is the clock or more, so the counter is needed only to survive a clock
--- that steps back; with ARGV[4] it then expires ARGV[4] ms after the grant
--- (the lock's TTL plus a retention). When the token comes from the counter
--- (the counter is at or ahead of the clock), the counter is kept without
--- expiry: until the clock passes it, it alone orders the tokens; the next
--- grant whose token is the clock sets its expiry again.
+-- Shared leases (the single-Redis backend; see acquireshared.lua and
+-- shared.lua): while a key is held by shared leases, its lock key holds a
+-- value that begins with a NUL byte, which no grant's value does (a
+-- holder description is printable), so the SET NX below fails for an
+-- exclusive request without a command more on its way to a grant. A
+-- failed attempt that passes ARGV[5] (a writer that waits) writes into
+-- that value the time until which new shared leases stay out: the writer
+-- is not starved by a stream of readers. When the last shared lease is
+-- released while a writer waits, the lock key is left reserved for
+-- writers until then (a value NUL 'w' ...): any exclusive request takes
+-- it, as it takes a free key, keeping the waited-for mark.
 local old = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
+if old and string.byte(old, 1) == 0 and string.byte(old, 2) == 119 then
+	-- Reserved for writers (NUL 'w', see above), with no holder: ours,
+	-- marked if the reservation was (its waiters must hear our release).
+	local v = ARGV[1]
+	if string.byte(old, -1) == 43 then
+		v = v .. '+'
+	end
+	redis.call('SET', KEYS[1], v, 'PX', ARGV[2])
+	old = false
+end
 if not old then
 	-- The key was free and is ours now.
 	-- TIME gives seconds and microseconds as decimal strings; their
@@ -50,26 +60,7 @@ if not old then
 	-- prints large numbers in exponent form).
 	local t = redis.call('TIME')
 	local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-	-- Write the clock and read the counter in one command (the common
-	-- case: the counter is behind the clock, or gone).
-	local c
-	if ARGV[4] then
-		c = redis.call('SET', KEYS[2], now, 'PX', ARGV[4], 'GET')
-	else
-		c = redis.call('SET', KEYS[2], now, 'GET')
-	end
-	local token = now
-	if c and not (tonumber(c) and tonumber(c) < tonumber(now)) then
-		-- The counter was at or ahead of the clock (or not a number,
-		-- which INCR reports): put it back, without expiry, and issue
-		-- counter + 1, exact integer arithmetic in Redis; read back as a
-		-- string, since INCR's reply reaches Lua as a double. (The
-		-- comparison above is exact where it matters: the clock is below
-		-- 2^53, and a counter beyond 2^53 is far above it.)
-		redis.call('SET', KEYS[2], c)
-		redis.call('INCR', KEYS[2])
-		token = redis.call('GET', KEYS[2])
-	end
+	local token = issue(KEYS[2], now, ARGV[4])
 	if ARGV[3] == 'clock' then
 		return {token, now}
 	end
@@ -103,5 +94,19 @@ end
 -- APPEND keeps the key's TTL.
 if last ~= 43 then
 	redis.call('APPEND', KEYS[1], '+')
+end
+if ARGV[5] and string.byte(old, 1) == 0 then
+	-- Held by shared leases (NUL 's' permits ':' until, see shared.lua):
+	-- a waiting writer keeps new shared leases out until now + ARGV[5] ms
+	-- (if that is later than what the value says), keeping the key's TTL
+	-- and the mark.
+	local p, w = string.match(string.sub(old, 2), '^s(%d+):(%d+)')
+	if p then
+		local t = redis.call('TIME')
+		local u = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[5])
+		if u > tonumber(w) then
+			redis.call('SET', KEYS[1], string.char(0) .. 's' .. p .. ':' .. string.format('%.0f', u) .. '+', 'KEEPTTL')
+		end
+	end
 end
 return -2 - redis.call('PTTL', KEYS[1])

@@ -1,8 +1,10 @@
 package redisscript
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -155,4 +157,91 @@ func globEscape(s string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
+}
+
+// SharedHolder is one valid shared lease that [InspectShared] read.
+type SharedHolder struct {
+	// Token is the lease's fencing token (0 if its record is missing).
+	Token uint64
+	// TTL is the time left on the lease, as the server counts it.
+	TTL time.Duration
+	// Holder is the holder description in the lease's value ([HolderOf]).
+	Holder string
+}
+
+// SharedSnapshot is what [InspectShared] reads of one lock: the lock key
+// as [Inspect] reads it and, when the key is held by shared leases or
+// reserved for writers (see shared.lua), what its value says and its
+// valid leases. Held then reports that one of them is valid (a
+// reservation has none).
+type SharedSnapshot struct {
+	Snapshot
+	// Shared: the lock value is one of shared leases (Kind tells which);
+	// Holders lists the valid ones, oldest grant first (by token).
+	Shared  bool
+	Kind    SharedValue
+	Holders []SharedHolder
+}
+
+// InspectShared reads, in one MULTI/EXEC, what Inspect reads and the
+// server clock, the holders and the tokens of lk (the single-Redis
+// backend's shared leases: lk + HoldersSuffix and lk + TokensSuffix, in
+// lk's slot), writing nothing. The holders and tokens of an exclusive
+// lock's key are empty: reading them costs the transaction two commands
+// that find nothing. They are read whole (every reader of a read-write
+// lock, every permit of a semaphore): their size is the number of leases,
+// which the scripts bound by pruning the expired ones.
+func InspectShared(ctx context.Context, c goredis.Cmdable, lk string) (SharedSnapshot, error) {
+	var get, ctr *goredis.StringCmd
+	var size *goredis.IntCmd
+	var pttl *goredis.DurationCmd
+	var now *goredis.TimeCmd
+	var members *goredis.ZSliceCmd
+	var tokens *goredis.MapStringStringCmd
+	_, err := c.TxPipelined(ctx, func(p goredis.Pipeliner) error {
+		pttl = p.PTTL(ctx, lk)
+		get = p.GetRange(ctx, lk, 0, ValueBound-1)
+		size = p.StrLen(ctx, lk)
+		ctr = p.GetRange(ctx, lk+FenceSuffix, 0, ValueBound-1)
+		now = p.Time(ctx)
+		members = p.ZRangeWithScores(ctx, lk+HoldersSuffix, 0, -1)
+		tokens = p.HGetAll(ctx, lk+TokensSuffix)
+		return nil
+	})
+	if err != nil {
+		return SharedSnapshot{}, err
+	}
+	var s SharedSnapshot
+	d := pttl.Val()
+	if d == -2 {
+		return s, nil
+	}
+	s.Held = true
+	if d > 0 {
+		s.PTTL = d
+	}
+	v := get.Val()
+	if s.Foreign = size.Val() > ValueBound; s.Foreign {
+		s.Value = v
+		return s, nil
+	}
+	s.Value, s.Waited = strings.CutSuffix(v, "+")
+	if s.Kind, s.Shared = ParseShared(s.Value); !s.Shared {
+		s.Holder = HolderOf(s.Value)
+		s.Counter, _ = strconv.ParseUint(ctr.Val(), 10, 64)
+		return s, nil
+	}
+	nowMs := now.Val().UnixMilli()
+	for _, m := range members.Val() {
+		score := int64(m.Score)
+		if score <= nowMs {
+			continue // expired, not pruned yet
+		}
+		value, _ := m.Member.(string)
+		tok, _ := strconv.ParseUint(tokens.Val()[value], 10, 64)
+		s.Holders = append(s.Holders, SharedHolder{Token: tok, TTL: time.Duration(score-nowMs) * time.Millisecond, Holder: HolderOf(value)})
+	}
+	slices.SortStableFunc(s.Holders, func(a, b SharedHolder) int { return cmp.Compare(a.Token, b.Token) })
+	s.Held = len(s.Holders) > 0
+	return s, nil
 }

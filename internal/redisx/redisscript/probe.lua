@@ -7,6 +7,10 @@
 --
 -- KEYS[1]: a probe lock key under the prefix, which no lock uses
 -- KEYS[2]: its fencing counter key (same hash slot)
+-- KEYS[3], KEYS[4]: with ARGV[1] 'shared' (the single-Redis backend, which
+--          serves shared leases; see shared.lua): its holders and tokens
+--          keys (same slot), on which the commands of the shared-lease
+--          scripts are tried too
 --
 -- Returns the calls that failed, flat: for each, the command (lower case),
 -- the key or channel it named ('' for none) and the error; an empty array
@@ -36,6 +40,26 @@ if try(c, 'SET', c, '1', 'PX', '10000') then
 	try(c, 'INCR', c)
 end
 try(k, 'DEL', k, c)
+if ARGV[1] == 'shared' then
+	local z, h = KEYS[3], KEYS[4]
+	if try(z, 'ZADD', z, '1', 'probe') then
+		try(z, 'PEXPIRE', z, '10000')
+		try(z, 'ZSCORE', z, 'probe')
+		try(z, 'ZRANGE', z, '0', '-1')
+		try(z, 'ZCARD', z)
+		try(z, 'ZREM', z, 'probe')
+	end
+	if try(h, 'HSET', h, 'probe', '1') then
+		try(h, 'PEXPIRE', h, '10000')
+		try(h, 'HGET', h, 'probe')
+		local t = try('', 'TIME')
+		if t then
+			try(h, 'PEXPIREAT', h, tostring(tonumber(t[1]) + 10) .. '000')
+		end
+		try(h, 'HDEL', h, 'probe')
+	end
+	try(z, 'DEL', z, h)
+end
 local ch = k .. ':released'
 try(ch, 'PUBLISH', ch, '1')
 try('', 'TIME')

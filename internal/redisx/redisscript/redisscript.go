@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -32,12 +33,24 @@ var (
 	belowSrc string // the exact counter comparison raise, release and refresh call
 	//go:embed probe.lua
 	probeSrc string
+	//go:embed issue.lua
+	issueSrc string // the token issue acquire and acquireshared call
+	//go:embed shared.lua
+	sharedSrc string // the shared-lease layout and helpers the *shared scripts call
+	//go:embed acquireshared.lua
+	acquireSharedSrc string
+	//go:embed releaseshared.lua
+	releaseSharedSrc string
+	//go:embed refreshshared.lua
+	refreshSharedSrc string
+	//go:embed refreshmanyshared.lua
+	refreshManySharedSrc string
 )
 
 // The scripts (see each .lua file for KEYS, ARGV and the reply).
 var (
 	// Acquire takes a free lock and issues a fencing token (acquire.lua).
-	Acquire = goredis.NewScript(acquireSrc)
+	Acquire = goredis.NewScript(issueSrc + acquireSrc)
 	// Release deletes the lock if it is ours, and with a counter key raises
 	// the counter to a token first (release.lua).
 	Release = goredis.NewScript(belowSrc + releaseSrc)
@@ -53,6 +66,23 @@ var (
 	// Probe tries every command the other scripts call on a probe key,
 	// for CheckRights (probe.lua). Not in All: it is sent with EVAL, once.
 	Probe = goredis.NewScript(probeSrc)
+
+	// The shared-lease scripts of the single-Redis backend (semaphore
+	// permits and readers' leases; the layout is in shared.lua). Not in
+	// All: the redlock backend serves no shared leases.
+
+	// AcquireShared takes a shared lease if the key allows one and issues
+	// a fencing token from the counter exclusive grants use
+	// (acquireshared.lua).
+	AcquireShared = goredis.NewScript(issueSrc + sharedSrc + acquireSharedSrc)
+	// ReleaseShared ends a shared lease if it is valid (releaseshared.lua).
+	ReleaseShared = goredis.NewScript(sharedSrc + releaseSharedSrc)
+	// RefreshShared extends a shared lease if it is valid
+	// (refreshshared.lua).
+	RefreshShared = goredis.NewScript(sharedSrc + refreshSharedSrc)
+	// RefreshManyShared extends many shared leases, each if it is valid,
+	// in one script (refreshmanyshared.lua; single primary only).
+	RefreshManyShared = goredis.NewScript(sharedSrc + refreshManySharedSrc)
 )
 
 // All lists the scripts, for loading them.
@@ -63,8 +93,38 @@ var All = []*goredis.Script{Acquire, Release, Refresh, Raise}
 // counter's key and the release channel.
 const (
 	FenceSuffix   = ":fence"
-	ReleaseSuffix = ":released" // also spelled out in release.lua
+	ReleaseSuffix = ":released" // also spelled out in release.lua and releaseshared.lua
 )
+
+// HoldersSuffix and TokensSuffix follow a lock key held by shared leases
+// (the single-Redis backend; see shared.lua): the sorted set of its
+// holders, scored by their expiry, and the hash of their tokens.
+const (
+	HoldersSuffix = ":holders"
+	TokensSuffix  = ":tokens"
+)
+
+// PermitsReply begins the error reply of acquireshared.lua for a request
+// whose permits differ from those of the key's holders; theirs follow it.
+const PermitsReply = "DLOCKPERMITS "
+
+// HeldPermits reports whether err is acquireshared.lua's PermitsReply, and
+// the permits of the key's holders it names.
+func HeldPermits(err error) (int, bool) {
+	var re goredis.Error
+	if !errors.As(err, &re) {
+		return 0, false
+	}
+	rest, ok := strings.CutPrefix(re.Error(), PermitsReply)
+	if !ok {
+		return 0, false
+	}
+	n, perr := strconv.Atoi(rest)
+	if perr != nil {
+		return 0, false
+	}
+	return n, true
+}
 
 // ReleasedUnannounced is the release script's reply when it deleted the
 // lock but could not publish the release (release.lua): the lock is
@@ -208,10 +268,26 @@ func User(client goredis.UniversalClient) string {
 // incomplete, and the caller should not fail for it alone). On a Cluster,
 // every command of the pipeline but the extras goes to lk's slot.
 func CheckRights(ctx context.Context, c goredis.Cmdable, lk string, extra ...[]any) (refused []Refusal, err error) {
+	return checkRights(ctx, c, lk, false, extra)
+}
+
+// CheckRightsShared is CheckRights for a backend that serves shared
+// leases (the single-Redis backend): the probe also tries the commands of
+// the shared-lease scripts, on lk's holders and tokens keys (probe.lua).
+func CheckRightsShared(ctx context.Context, c goredis.Cmdable, lk string, extra ...[]any) (refused []Refusal, err error) {
+	return checkRights(ctx, c, lk, true, extra)
+}
+
+func checkRights(ctx context.Context, c goredis.Cmdable, lk string, shared bool, extra [][]any) (refused []Refusal, err error) {
 	keys := []string{lk, lk + FenceSuffix}
+	var args []any
+	if shared {
+		keys = append(keys, lk+HoldersSuffix, lk+TokensSuffix)
+		args = []any{"shared"}
+	}
 	pipe := c.Pipeline()
 	sha := Release.EvalSha(ctx, pipe, keys[:1], "")
-	ev := Probe.Eval(ctx, pipe, keys)
+	ev := Probe.Eval(ctx, pipe, keys, args...)
 	var extras []*goredis.Cmd
 	for _, e := range extra {
 		extras = append(extras, pipe.Do(ctx, e...))

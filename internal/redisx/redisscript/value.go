@@ -3,6 +3,8 @@ package redisscript
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"math"
+	"strconv"
 	"strings"
 
 	"github.com/dlock-go/dlock/backend"
@@ -67,4 +69,55 @@ func HolderOf(v string) string {
 		return ""
 	}
 	return v[:n]
+}
+
+// SharedValue is what a lock value that is not a grant's says (the
+// single-Redis backend's shared leases; see shared.lua): the key is held
+// by shared leases, or reserved for writers.
+type SharedValue struct {
+	// Reserved: the key is reserved for writers (no holder is left, a
+	// writer waits); otherwise it is held by shared leases.
+	Reserved bool
+	// Permits is the semaphore's size (0: readers); 0 when Reserved.
+	Permits int
+	// Until is the server time, in Unix milliseconds, before which new
+	// shared leases stay out because a writer waits (0: none).
+	Until int64
+}
+
+// ParseShared reads a lock value without its waited-for mark (as
+// [Snapshot].Value holds it): NUL 's' permits ':' until for shared
+// holders, NUL 'w' until for a reservation. ok is false for any other
+// value (a grant's, or one planted by something else).
+func ParseShared(v string) (s SharedValue, ok bool) {
+	if len(v) < 3 || v[0] != 0 {
+		return SharedValue{}, false
+	}
+	num := func(x string) (int64, bool) {
+		if x == "" || strings.Trim(x, "0123456789") != "" {
+			return 0, false
+		}
+		n, err := strconv.ParseInt(x, 10, 64)
+		return n, err == nil
+	}
+	switch v[1] {
+	case 's':
+		p, u, found := strings.Cut(v[2:], ":")
+		if !found {
+			return SharedValue{}, false
+		}
+		pn, ok1 := num(p)
+		un, ok2 := num(u)
+		if !ok1 || !ok2 || pn > math.MaxInt {
+			return SharedValue{}, false
+		}
+		return SharedValue{Permits: int(pn), Until: un}, true
+	case 'w':
+		un, ok := num(v[2:])
+		if !ok {
+			return SharedValue{}, false
+		}
+		return SharedValue{Reserved: true, Until: un}, true
+	}
+	return SharedValue{}, false
 }

@@ -90,3 +90,34 @@ func TestNewValueAllocs(t *testing.T) {
 		}
 	}
 }
+
+// ParseShared reads the lock values of shared holders and of a writer's
+// reservation (shared.lua), and nothing else: no grant's value (which
+// never begins with a NUL byte) and no malformed marker.
+func TestParseShared(t *testing.T) {
+	for _, tc := range []struct {
+		v    string
+		want SharedValue
+		ok   bool
+	}{
+		{"\x00s4:0", SharedValue{Permits: 4}, true},
+		{"\x00s0:1764201600123", SharedValue{Until: 1764201600123}, true},
+		{"\x00w1764201600123", SharedValue{Reserved: true, Until: 1764201600123}, true},
+		{"", SharedValue{}, false},
+		{NewValue(""), SharedValue{}, false},
+		{NewValue("s4:0"), SharedValue{}, false},
+		{"\x00s4", SharedValue{}, false},
+		{"\x00s:0", SharedValue{}, false},
+		{"\x00s4:", SharedValue{}, false},
+		{"\x00s-4:0", SharedValue{}, false},
+		{"\x00s4:0+", SharedValue{}, false}, // the mark is cut before
+		{"\x00w", SharedValue{}, false},
+		{"\x00x4:0", SharedValue{}, false},
+		{"\x00s99999999999999999999:0", SharedValue{}, false},
+	} {
+		got, ok := ParseShared(tc.v)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("ParseShared(%q) = %+v, %v; want %+v, %v", tc.v, got, ok, tc.want, tc.ok)
+		}
+	}
+}
