@@ -217,6 +217,20 @@
 // between. A counter deleted while ahead of its node's clock is the
 // documented best-effort case above.
 //
+// # Shared leases: not served
+//
+// Redlock serves no shared leases (semaphore permits,
+// dlock.AcquireOptions.Permits, or readers' leases, AcquireOptions.Shared):
+// Guarantees().Shared is false, and the dlock layer refuses such an
+// acquire with dlock.ErrUnsupported before any I/O. Majorities keep a
+// mutex (two majorities share a node, which refuses the second holder),
+// but not a count: with 3 nodes and 2 permits, holders granted by nodes
+// {1,2}, {1,3} and {2,3} each have a majority while no node counts more
+// than 2 of them, so 3 permits of 2 would be held. Use the redis backend
+// (one server, or Sentinel or Cluster), etcd or ZooKeeper for shared
+// leases. (The nodes run the redis backend's acquire script, which knows
+// a key held by shared leases; nothing of Redlock writes one.)
+//
 // # Restarts: delay them
 //
 // A node that crashes and comes back empty (no persistence, or

@@ -336,8 +336,9 @@ func (d *Driver) Limits() backend.Limits {
 // limits are the Driver's Limits, known before any I/O.
 var limits = backend.Limits{MinTTL: 10 * time.Millisecond}
 
-// Guarantees: best-effort tokens, a minority of nodes may fail, and safety
-// rests on timing.
+// Guarantees: best-effort tokens, a minority of nodes may fail, safety
+// rests on timing, and no shared leases (Shared is false: see the package
+// documentation, Shared leases).
 func (d *Driver) Guarantees() backend.Guarantees {
 	return backend.Guarantees{
 		Backend:           "redlock",
@@ -356,7 +357,8 @@ func (d *Driver) Guarantees() backend.Guarantees {
 			"node (unreleased there) and a write-back that was due failed or landed after it had expired) and the " +
 			"clocks of the later majority all read behind it: stepped back by more than the time since the earlier grant (an " +
 			"outage included), or behind the clock that issued it by more than the time between the two grants. " +
-			"Use etcd or ZooKeeper where correctness matters.",
+			"Use etcd or ZooKeeper where correctness matters. " +
+			"Shared leases (semaphores, readers) are not served: such acquires fail with ErrUnsupported before any I/O.",
 	}
 }
 
