@@ -80,9 +80,15 @@ func (o *URLOpener) Guarantees() dlock.Guarantees {
 
 // Store holds the locks. Its zero value is not usable; call NewStore.
 type Store struct {
-	mu       sync.Mutex
-	locks    map[string]*entry
-	tokens   map[string]uint64
+	mu     sync.Mutex
+	locks  map[string]*entry
+	tokens map[string]uint64
+	// reserved: until then, an exclusive waiter that found the key held
+	// by shared grants keeps new shared requests out
+	// (backend.Request.Wait), even once the key is free, so that a
+	// reader cannot slip in between the last reader's release and the
+	// writer's next attempt.
+	reserved map[string]time.Time
 	watchers map[string]map[chan struct{}]struct{}
 }
 
@@ -92,9 +98,6 @@ type entry struct {
 	grants  []*grant // oldest first
 	shared  bool
 	permits int
-	// writer: until then, an exclusive waiter that found the key held by
-	// shared grants keeps new shared requests out (backend.Request.Wait).
-	writer time.Time
 }
 
 type grant struct {
@@ -110,6 +113,7 @@ func NewStore() *Store {
 	return &Store{
 		locks:    map[string]*entry{},
 		tokens:   map[string]uint64{},
+		reserved: map[string]time.Time{},
 		watchers: map[string]map[chan struct{}]struct{}{},
 	}
 }
@@ -244,25 +248,33 @@ func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.L
 	defer s.mu.Unlock()
 	now := time.Now()
 	e := s.current(key, now)
+	reserved := s.reserved[key]
+	if !now.Before(reserved) {
+		delete(s.reserved, key)
+	}
 	if e != nil {
 		if req.Shared && e.shared && e.permits != req.Permits {
 			return nil, &backend.PermitsError{Asked: req.Permits, Held: e.permits}
 		}
 		full := !req.Shared || !e.shared ||
 			e.permits > 0 && len(e.grants) >= e.permits ||
-			now.Before(e.writer) // a writer waits: readers stay out
+			now.Before(reserved) // a writer waits: readers stay out
 		if full {
 			if !req.Shared && e.shared && req.Wait > 0 {
-				e.writer = now.Add(req.Wait)
+				s.reserved[key] = now.Add(req.Wait)
 			}
 			return nil, &backend.HeldError{RetryAfter: e.retryAfter(now)}
 		}
 	} else {
+		if req.Shared && now.Before(reserved) {
+			// Free, but kept for the writer that waited for its readers.
+			return nil, &backend.HeldError{RetryAfter: reserved.Sub(now)}
+		}
 		e = &entry{shared: req.Shared, permits: req.Permits}
 		s.locks[key] = e
 	}
 	if !req.Shared {
-		e.writer = time.Time{}
+		delete(s.reserved, key)
 	}
 	s.tokens[key]++
 	g := &grant{token: s.tokens[key], holder: req.Holder, expires: now.Add(ttl)}
