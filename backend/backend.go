@@ -283,7 +283,9 @@ type Request struct {
 //     exclusive one waits for the key (on a [Queuer], an exclusive waiter
 //     queued ahead of it; on other backends, an exclusive attempt of a
 //     waiting Acquire that found the key held by shared leases within
-//     the last [Request].Wait).
+//     the last [Request].Wait: it reserves the key for that long, even
+//     once the readers are gone, so that no reader slips in before the
+//     writer's next attempt).
 //   - Every grant's token, shared or exclusive, is larger than the token
 //     of every earlier grant on the key (as far as Fencing promises), so
 //     a resource that checks writers' tokens rejects a writer whose
