@@ -30,9 +30,12 @@
 //     lock.
 //   - The node with the lowest sequence number holds the lock. Every other
 //     waiter watches only its immediate predecessor (no herd effect), so
-//     the lock is granted first come, first served.
+//     the lock is granted first come, first served. (Shared leases share
+//     the queue: see "Shared leases".)
 //   - The listing of the queue and a read of our own node (with a watch on
-//     it) are sent together, in one round trip after the create: an
+//     it: a child watch, which fires on the node's deletion but not on a
+//     write of its data) are sent together, in one round trip after the
+//     create: an
 //     uncontended acquire takes two round trips, as go-zookeeper's Lock,
 //     and Release one (a delete). When we are first, the read's Stat proves
 //     the node (owned by our session) still exists, and its czxid is the
@@ -44,6 +47,81 @@
 //     the lock held deletes its node before it returns (one delete, given
 //     up to a second; after that, in the background), so that its node
 //     does not stand before a later TryAcquire once the holder releases.
+//
+// # Shared leases
+//
+// Semaphores (dlock.AcquireOptions.Permits) and read-write locks (Shared)
+// queue with the exclusive locks, in the same directory, in the manner of
+// Curator's InterProcessReadWriteLock, which names a node's kind in its
+// name:
+//
+//   - Layout: the kind is part of the node's name, between the GUID and
+//     the sequence number: "_c_<guid>-read-lock-<seq>" for a reader,
+//     "_c_<guid>-sem<N>-lock-<seq>" for a permit of a semaphore of N. An
+//     exclusive node's name and data are what they always were. The name,
+//     not the data, because the one listing a waiter makes anyway tells it
+//     every node's kind, where the data would cost a read per node. A node
+//     whose name carries no tag we know (another program's recipe, or
+//     one planted) counts as exclusive. The data is the holder
+//     description, as for an exclusive node. A release of dlock from
+//     before shared leases reads the sequence number after "-lock-" as
+//     always, and takes a shared node for an exclusive one: it waits for
+//     it, never holds beside it.
+//   - Grant rule, on the queue in creation order: an exclusive node holds
+//     when no node is ahead of it; a shared node when no exclusive node,
+//     and no shared node of another Permits, is ahead of it and, for a
+//     semaphore, fewer than Permits nodes are (waiters of every kind
+//     count). Nodes only ever leave the part of the queue ahead of a node,
+//     so a grant is never taken back, and a node that does not hold keeps
+//     every node behind it from holding: the holders are always a prefix
+//     of the queue. At every moment the key has one exclusive holder, or
+//     shared holders of one kind, at most Permits of them.
+//   - Mismatch: a shared request that finds a shared node of another
+//     Permits ahead of it (holding or waiting) deletes its node before it
+//     returns (as a TryAcquire that finds the lock held does) and fails
+//     with a *backend.PermitsError, at once, without waiting.
+//   - Fairness: FIFO. A reader or a permit queued behind a waiting writer
+//     waits for it, so writers are not starved; a writer on a semaphore's
+//     key waits for every permit ahead of it, and permits queued behind it
+//     wait for it.
+//   - Tokens: the czxid, as for a mutex. As the holders are a prefix of
+//     the queue, the queue's order is the grants' order, and every grant's
+//     token is larger than those of the grants before it, shared and
+//     exclusive. Shared leases that one release grants together (readers
+//     behind a writer) are granted at the same moment on the server; their
+//     Acquire calls may return in any order.
+//
+// How waiters wait, so that a release wakes O(1) waiters however many wait
+// (no herd):
+//
+//   - A writer watches its immediate predecessor's deletion, as the mutex
+//     does, with a data watch (the announce of a permit right ahead of it,
+//     below, wakes it once in vain: it looks again).
+//   - A reader watches the deletion of the nearest exclusive node ahead of
+//     it, which is all that keeps it out; every reader behind that node is
+//     granted when it goes, so they all wake, but none in vain.
+//   - A permit whose predecessors all hold (exactly Permits of them, or one
+//     writer) is the next to be granted: it watches each of their
+//     deletions (Permits reads, in flight together), with child watches,
+//     which fire on a node's deletion and never on a write of its data.
+//   - A later permit waiter watches only its immediate predecessor (a
+//     waiter too) for any change, with a data watch: its deletion, or the
+//     one write with which a permit announces its grant. A permit granted
+//     while nodes are queued behind it writes its node once (the same data:
+//     a new version), since a waiter behind it may have seen it waiting; a
+//     waiter whose watch finds the predecessor's version already above 0
+//     looks again at once. An uncontended permit writes nothing more than
+//     a mutex does. Waiting permits are thus granted one after the other,
+//     each woken by the grant of the one before it.
+//
+// So a release costs the releaser's delete and, on the server, a listing
+// and a read (the next waiter's look), the grant's announce (one write) and
+// the watches of the waiter behind it: TestSemaphoreDrain in the module's
+// tests/zookeeper measures it with the server's own counters (mntr). Every
+// look lists the whole queue, whose size is that of a reply, not a number
+// of requests. The waiter's keepalive while queued, its clean-up on
+// cancellation or failure, and the loss watch of the granted lease are
+// the mutex's.
 //
 // # Fencing token
 //
@@ -216,10 +294,13 @@
 // at which a holder has none, it survives refreshes (which write nothing)
 // and goes with the node on release or expiry. An acquire without one
 // creates its node without data, the same request as before descriptions
-// existed. Locker.Inspect lists the key's queue, reads the Stat of the
-// node at its head (its czxid is the token) and, only when that node holds
-// data of at most backend.MaxHolderLen bytes, reads the data: one more
-// round trip when there is a description. Data that is longer or is not a
+// existed. Locker.Inspect lists the key's queue, reads the Stat of each
+// holder's node (the node at its head; for shared leases, every node the
+// grant rule grants, in parallel, oldest first in LockInfo.Holders; the
+// czxid is the token) and, only for a node that holds data of at most
+// backend.MaxHolderLen bytes, reads the data: one more round trip when
+// there is a description. Shared and Permits come from the head node's
+// name, and Waiters counts the other nodes. Data that is longer or is not a
 // valid description (planted by a client allowed to write the node) is
 // not shown. The description is stored in clear: any client the lock
 // node's ACL lets read (every client, with the default ACL; see
@@ -249,8 +330,9 @@
 //
 // Fencing is consensus-grade; the lock works while a majority of the
 // ensemble (counted from the server list given) is up; waiters are served
-// FIFO; safety does not rest on clocks beyond the local monotonic clock's
-// rate, which Deadline needs on every backend.
+// FIFO; shared leases (semaphores, read-write locks) are served; safety
+// does not rest on clocks beyond the local monotonic clock's rate, which
+// Deadline needs on every backend.
 //
 // # Security
 //

@@ -13,3 +13,19 @@ var (
 	Seq    = seq
 	Before = before
 )
+
+// Judge exposes the grant rule to the tests: the turn of node me (of the
+// kind of a request with shared and permits) in the listing kids.
+func Judge(kids []string, me string, shared bool, permits int) (granted bool, wait []string, change bool, mismatch error) {
+	t := judge(kids, me, kind{shared: shared, permits: permits})
+	if t.mismatch != nil {
+		mismatch = t.mismatch
+	}
+	return t.granted, t.wait, t.how == watchChange, mismatch
+}
+
+// NodeTag exposes the part of a lock node's name that names its kind.
+func NodeTag(shared bool, permits int) string { return kind{shared: shared, permits: permits}.tag() }
+
+// Holders exposes the number of holders at the head of the queue kids.
+func Holders(kids []string) int { return holders(entries(kids)) }

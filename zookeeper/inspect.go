@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/url"
+	"sync"
 
 	"github.com/go-zookeeper/zk"
 
@@ -13,21 +14,24 @@ import (
 var _ backend.Inspector = (*Driver)(nil)
 
 // Inspect implements backend.Inspector. It lists key's queue (the children
-// of its container node): the node with the lowest sequence number is the
-// holder, its czxid the token, and the others are the waiters (a
-// TryAcquire that found the lock held counts for the moment its node
-// exists). TTL is 0 (unknown): a lock node lives as long as its holder's
-// session, and the lease's TTL is kept by the holder's own process. Holder
-// is the holder node's data, which the acquire's create wrote (see
-// holderData). It writes nothing: a listing of names and a Stat of the
-// holder's node, then, only when that node has data of at most
+// of its container node): the nodes the grant rule grants (the node with
+// the lowest sequence number, or the shared nodes at the head of the
+// queue, see "Shared leases" in the package doc) are the holders, oldest
+// first, each with its node's czxid as token, and the others are the
+// waiters (a TryAcquire that found the lock held counts for the moment its
+// node exists). Shared and Permits come from the head node's name. TTL is
+// 0 (unknown): a lock node lives as long as its holder's session, and the
+// lease's TTL is kept by the holder's own process. Holder is the holder
+// node's data, which the acquire's create wrote (see holderData). It
+// writes nothing: a listing of names and a Stat of each holder's node (in
+// parallel), then, only for a node that has data of at most
 // backend.MaxHolderLen bytes, one read of it. Longer data, or data that is
 // not a valid description (backend.ValidateHolder: planted by a client
 // allowed to write the node, or by another program's lock recipe), is
 // never shown: Holder is "" then, so planted data cannot reach a
-// terminal, and costs Inspect at most MaxHolderLen bytes unless the node
-// is rewritten between the Stat and the read (then at most ZooKeeper's
-// jute.maxbuffer, about 1 MB, once).
+// terminal, and costs Inspect at most MaxHolderLen bytes per holder unless
+// the node is rewritten between the Stat and the read (then at most
+// ZooKeeper's jute.maxbuffer, about 1 MB, once).
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
 	parent := d.parent(key)
 	for {
@@ -42,38 +46,87 @@ func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, err
 		case err != nil:
 			return backend.LockInfo{}, unavailable("listing the queue", err)
 		}
-		var (
-			first    string
-			firstSeq int32
-		)
-		for _, k := range kids {
-			if s, ok := seq(k); ok && (first == "" || before(s, firstSeq)) {
-				first, firstSeq = k, s
-			}
-		}
-		if first == "" {
+		q := entries(kids)
+		n := holders(q)
+		if n == 0 {
 			return backend.LockInfo{}, nil
 		}
-		var stat *zk.Stat
-		err = d.read(ctx, false, func() (err error) {
-			_, stat, err = d.conn.Exists(parent + "/" + first)
-			return err
-		})
-		if err != nil {
-			return backend.LockInfo{}, unavailable("reading the holder's node", err)
-		}
-		if stat == nil || stat.Czxid == 0 {
-			continue // released since the listing: list again
-		}
-		holder, gone, err := d.holder(ctx, parent+"/"+first, stat)
+		hs, gone, err := d.holdings(ctx, parent, q[:n])
 		if err != nil {
 			return backend.LockInfo{}, err
 		}
 		if gone {
-			continue
+			continue // released since the listing: list again
 		}
-		return backend.LockInfo{Held: true, Token: backend.Token(stat.Czxid), Holder: holder, Waiters: len(kids) - 1}, nil
+		h := hs[0]
+		return backend.LockInfo{Held: true, Token: h.Token, Holder: h.Holder, Waiters: len(q) - n,
+			Shared: q[0].kind.shared, Permits: q[0].kind.permits, Holders: hs}, nil
 	}
+}
+
+// inspectConcurrency bounds the reads of Inspect's holders in flight.
+const inspectConcurrency = 32
+
+// holdings reads the token (czxid) and holder description of each holder
+// node in hs, in parallel; gone reports that one was deleted since the
+// listing.
+func (d *Driver) holdings(ctx context.Context, parent string, hs []queued) (out []backend.Holding, gone bool, err error) {
+	out = make([]backend.Holding, len(hs))
+	errs := make([]error, len(hs))
+	vanished := make([]bool, len(hs))
+	one := func(i int) {
+		node := parent + "/" + hs[i].name
+		var stat *zk.Stat
+		errs[i] = d.read(ctx, false, func() (err error) {
+			_, stat, err = d.conn.Exists(node)
+			return err
+		})
+		switch {
+		case errs[i] != nil:
+			errs[i] = unavailable("reading the holder's node", errs[i])
+			return
+		case stat == nil || stat.Czxid == 0:
+			vanished[i] = true
+			return
+		}
+		out[i].Token = backend.Token(stat.Czxid)
+		out[i].Holder, vanished[i], errs[i] = d.holder(ctx, node, stat)
+	}
+	if len(hs) == 1 {
+		one(0)
+	} else {
+		next := make(chan int, len(hs))
+		for i := range hs {
+			next <- i
+		}
+		close(next)
+		var wg sync.WaitGroup
+		closed := false
+		for range min(len(hs), inspectConcurrency) {
+			wg.Add(1)
+			if !d.bg.Go(func() {
+				defer wg.Done()
+				for i := range next {
+					one(i)
+				}
+			}) {
+				wg.Done()
+				closed = true
+				break
+			}
+		}
+		wg.Wait()
+		if closed {
+			return nil, false, backend.ErrClosed
+		}
+	}
+	for i := range hs {
+		if errs[i] != nil {
+			return nil, false, errs[i]
+		}
+		gone = gone || vanished[i]
+	}
+	return out, gone, nil
 }
 
 // holder reads the holder description of node, the queue's head, whose

@@ -117,11 +117,11 @@ func (l *lease) Release(ctx context.Context) error {
 }
 
 // The loss watches. There is no goroutine per lease: each lease's node is
-// watched by the read that granted it (a data watch), and the session's
-// event callback (onEvent) marks the lease lost when the server reports
-// the node's deletion or the session's expiry. One dispatcher goroutine
-// per Driver calls the dlock layer's callbacks, so that the client
-// library's receive loop never waits for them.
+// watched by the read that granted it (a child watch, see arm), and the
+// session's event callback (onEvent) marks the lease lost when the server
+// reports the node's deletion or the session's expiry. One dispatcher
+// goroutine per Driver calls the dlock layer's callbacks, so that the
+// client library's receive loop never waits for them.
 
 // lossNote is one loss to report.
 type lossNote struct {
@@ -215,9 +215,14 @@ func (d *Driver) dispatch() {
 	}
 }
 
-// arm reads l's node with a data watch on it. A reply proves that the node
+// arm reads l's node with a watch on it. A reply proves that the node
 // existed, owned by our session, as of the state of the server that
 // answered; it returns the node's czxid and when the request was sent.
+// The read is a listing of the node's children (none: it is ephemeral),
+// whose reply carries the node's Stat: a child watch fires on the node's
+// deletion as a data watch does, but not on a write of its data, so the
+// write with which a semaphore's permit announces its grant (announce), or
+// one by another client, does not use it up.
 // If the connection did not change during the call, the watch is known in
 // force on it from then on: l.watchGen and l.armedAt record it.
 func (d *Driver) arm(l *lease) (czxid int64, sent time.Time, err error) {
@@ -225,7 +230,7 @@ func (d *Driver) arm(l *lease) (czxid int64, sent time.Time, err error) {
 	gen := d.gen
 	d.leaseMu.Unlock()
 	sent = time.Now()
-	_, stat, _, err := d.conn.GetW(l.node)
+	_, stat, _, err := d.conn.ChildrenW(l.node)
 	if err != nil {
 		return 0, sent, err
 	}

@@ -65,7 +65,7 @@ func (o *URLOpener) OpenLockerURL(ctx context.Context, u *url.URL) (*dlock.Locke
 // Guarantees declares, before any I/O, what every Locker the opener opens
 // promises at best (driver.GuaranteesDeclarer).
 func (o *URLOpener) Guarantees() dlock.Guarantees {
-	return dlock.Guarantees{Fencing: dlock.FencingConsensus}
+	return dlock.Guarantees{Fencing: dlock.FencingConsensus, Shared: true}
 }
 
 // open connects to the servers of u. dial_timeout bounds the wait for the

@@ -13,6 +13,7 @@ import (
 	"math"
 	mrand "math/rand/v2"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -141,11 +142,12 @@ type Options struct {
 // Driver is the ZooKeeper implementation of backend.Driver,
 // backend.Queuer, backend.BatchRefresher, backend.Inspector and
 // backend.ChangeWatcher. It owns one ZooKeeper session, shared by all
-// leases taken through it. An acquire's holder description
-// (backend.Request.Holder) is the data of its lock node, written by the
-// create that makes the node; [Driver.Inspect] reads it back, and
-// [Driver.WatchChanges] reports changes of a key's holder and queue
-// through a child watch on the key's directory, without polling.
+// leases taken through it, exclusive and shared (semaphores and read-write
+// locks, which queue with the exclusive ones). An acquire's holder
+// description (backend.Request.Holder) is the data of its lock node,
+// written by the create that makes the node; [Driver.Inspect] reads it
+// back, and [Driver.WatchChanges] reports changes of a key's holder and
+// queue through a child watch on the key's directory, without polling.
 type Driver struct {
 	conn    *zk.Conn
 	events  <-chan zk.Event // the client's, closed when its session loop ends
@@ -617,14 +619,17 @@ func maxTTL(timeout, tick time.Duration) time.Duration {
 // ceiling comes from the session timeout the server grants).
 var limits = backend.Limits{}
 
-// Guarantees: consensus-grade fencing (czxid), FIFO, and a majority of the
-// ensemble (counted from the server list) must be up.
+// Guarantees: consensus-grade fencing (czxid), FIFO, shared leases
+// (semaphores and readers, on the same queue; see "Shared leases" in the
+// package doc), and a majority of the ensemble (counted from the server
+// list) must be up.
 func (d *Driver) Guarantees() backend.Guarantees {
 	return backend.Guarantees{
 		Backend:           "zookeeper",
 		Fencing:           backend.FencingConsensus,
 		ToleratedFailures: (d.servers - 1) / 2,
 		FIFO:              true,
+		Shared:            true,
 		Notes: "Exclusion and tokens (czxid) come from ZooKeeper's atomic broadcast. A holder cut off " +
 			"from the ensemble may believe it holds the lock until its Deadline; the protected resource " +
 			"must check tokens.",
@@ -822,14 +827,15 @@ func newGUID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// create makes our lock node under parent in protection mode, with data as
-// its data (the holder description, nil for none), and returns its path. If
-// ctx ends first, the node (once created) is deleted in the
+// create makes our lock node under parent in protection mode, with tag in
+// its name (a shared lease's kind, see kind.tag; "" for an exclusive lease)
+// and data as its data (the holder description, nil for none), and returns
+// its path. If ctx ends first, the node (once created) is deleted in the
 // background. So is a node whose create may have reached the server but
 // could not be found (the connection broke and the client reached no
 // server for a full reconnect cycle): the error is returned then, and a
 // background task deletes the node carrying our GUID once it can.
-func (d *Driver) create(ctx context.Context, parent string, data []byte) (string, error) {
+func (d *Driver) create(ctx context.Context, parent, tag string, data []byte) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
@@ -848,7 +854,7 @@ func (d *Driver) create(ctx context.Context, parent string, data []byte) (string
 	)
 	var state atomic.Int32
 	started := d.bg.Go(func() {
-		p, maybe, err := d.createProtected(parent, guid, data)
+		p, maybe, err := d.createProtected(parent, guid, tag, data)
 		if state.CompareAndSwap(pending, taken) {
 			ch <- result{p, err}
 		} else if p != "" {
@@ -892,8 +898,8 @@ func (d *Driver) create(ctx context.Context, parent string, data []byte) (string
 // the client reconnects (see again). On error, maybe reports that a node
 // carrying our GUID may exist (a create in this session was cut by a
 // connection loss).
-func (d *Driver) createProtected(parent, guid string, data []byte) (path string, maybe bool, err error) {
-	name := parent + "/" + protectedPrefix + guid + "-lock-"
+func (d *Driver) createProtected(parent, guid, tag string, data []byte) (path string, maybe bool, err error) {
+	name := parent + "/" + protectedPrefix + guid + tag + "-lock-"
 	restored := false
 	for rounds := 0; rounds < 5; {
 		var p string
@@ -1047,49 +1053,41 @@ func (d *Driver) abandon(node string) {
 	d.bg.Go(func() { d.deleteNode(node) })
 }
 
-// position lists parent's children and returns the name of the node just
-// ahead of ours ("" if we are first); mine reports whether ours is there.
-// Another node carrying our GUID (a create that committed after protection
-// mode's search had missed it) is ours too: it is deleted, not waited for.
-// queued is read's.
-func (d *Driver) position(ctx context.Context, queued bool, parent, node string) (pred string, mine bool, err error) {
+// position lists parent's children and judges our node's turn (see
+// judge; k is our kind). Another node carrying our GUID (a create that
+// committed after protection mode's search had missed it) is ours too: it
+// is deleted, not waited for. queued is read's.
+func (d *Driver) position(ctx context.Context, queued bool, parent, node string, k kind) (turn, error) {
 	var kids []string
-	err = d.read(ctx, queued, func() (err error) {
+	err := d.read(ctx, queued, func() (err error) {
 		kids, _, err = d.conn.Children(parent)
 		return err
 	})
 	if err != nil {
-		return "", false, err
+		return turn{}, err
 	}
 	me := node[len(parent)+1:]
-	mySeq, _ := seq(me)
-	guid := me[:min(len(me), len(protectedPrefix)+32)]
-	var predSeq int32
-	for _, k := range kids {
-		switch {
-		case k == me:
-			mine = true
-			continue
-		case strings.HasPrefix(k, guid):
+	guid := me[:min(len(me), len(protectedPrefix)+guidLen)]
+	kids = slices.DeleteFunc(kids, func(k string) bool {
+		if k != me && strings.HasPrefix(k, guid) {
 			d.bg.Go(func() { d.deleteNode(parent + "/" + k) })
-			continue
+			return true
 		}
-		if s, ok := seq(k); ok && before(s, mySeq) && (pred == "" || before(predSeq, s)) {
-			pred, predSeq = k, s
-		}
-	}
-	return pred, mine, nil
+		return false
+	})
+	return judge(kids, me, k), nil
 }
 
 // look lists key's queue (see position) and, at the same time, reads our
 // node with a watch on it (see arm): two requests in flight together, one
 // round trip. l is in the lease table before the read is sent, so that a
-// deletion of the node after it is a loss. When our node is first (pred ""
-// and mine), the read gives the lease its token (the node's czxid) and
-// its anchor: the lease's TTL counts from when the read was sent, as the
-// session cannot expire sooner than a session timeout after the server
-// received it. queued is read's.
-func (d *Driver) look(ctx context.Context, queued bool, parent string, l *lease) (pred string, mine bool, err error) {
+// deletion of the node after it is a loss. When our node is granted
+// (t.granted: first in line, or a shared lease the rule grants), the read
+// gives the lease its token (the node's czxid) and its anchor: the lease's
+// TTL counts from when the read was sent, as the session cannot expire
+// sooner than a session timeout after the server received it. A node gone
+// between the listing and the read is not mine. queued is read's.
+func (d *Driver) look(ctx context.Context, queued bool, parent string, l *lease, k kind) (t turn, err error) {
 	type armed struct {
 		czxid int64
 		sent  time.Time
@@ -1108,32 +1106,32 @@ func (d *Driver) look(ctx context.Context, queued bool, parent string, l *lease)
 			return
 		}
 	}) {
-		return "", false, backend.ErrClosed
+		return turn{}, backend.ErrClosed
 	}
-	pred, mine, err = d.position(ctx, queued, parent, l.node)
-	if err != nil || !mine || pred != "" {
-		return pred, mine, err
+	t, err = d.position(ctx, queued, parent, l.node, k)
+	if err != nil || !t.granted {
+		return t, err
 	}
 	var a armed
 	select {
 	case a = <-ach:
 	case <-ctx.Done():
-		return "", false, ctx.Err()
+		return turn{}, ctx.Err()
 	}
 	switch {
 	case errors.Is(a.err, zk.ErrNoNode):
-		return "", false, nil // gone since the listing (session expired?)
+		return turn{}, nil // gone since the listing (session expired?)
 	case a.err != nil:
-		return "", false, unavailable("reading the lock node", a.err)
+		return turn{}, unavailable("reading the lock node", a.err)
 	}
 	d.leaseMu.Lock()
 	lost := l.lossErr
 	d.leaseMu.Unlock()
 	if lost != nil {
-		return "", false, nil
+		return turn{}, nil
 	}
 	l.token, l.anchor = uint64(a.czxid), a.sent
-	return "", true, nil
+	return t, nil
 }
 
 // newLease makes the lease of our node, not yet granted: it is put in the
@@ -1153,28 +1151,42 @@ func (l *lease) grant() *lease {
 	return l
 }
 
-// TryAcquire joins the queue and, unless first, leaves it at once: when the
-// lock is held, our node is deleted before TryAcquire returns (within
+// TryAcquire joins the queue and, unless granted at once, leaves it: when
+// the lock is held, our node is deleted before TryAcquire returns (within
 // leaveTimeout; otherwise in the background). Two round trips when the lock
-// is free: the create, then the listing and the read of our node together.
+// is free: the create, then the listing and the read of our node together
+// (a semaphore's permit granted with nodes queued behind it writes its node
+// once more, see announce). A shared request that finds a shared node of
+// another Permits ahead of it leaves too, and returns a *PermitsError.
 func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
-	key, ttl := req.Key, req.TTL
+	key, ttl, k := req.Key, req.TTL, kindOf(req)
 	parent := d.parent(key)
-	node, err := d.create(ctx, parent, holderData(req.Holder))
+	data := holderData(req.Holder)
+	node, err := d.create(ctx, parent, k.tag(), data)
 	if err != nil {
 		return nil, d.acquireErr(ctx, err)
 	}
 	l := d.newLease(node, ttl)
-	pred, mine, err := d.look(ctx, false, parent, l)
+	t, err := d.look(ctx, false, parent, l, k)
 	switch {
+	case err != nil:
+		err = unavailable("listing the queue", err)
+	case t.granted:
+		err = d.announce(ctx, false, l, k, t, data)
+	}
+	switch {
+	case errors.Is(err, errVanished), err == nil && !t.mine:
+		d.untrack(l)
+		return nil, fmt.Errorf("%w: zookeeper: %w", backend.ErrUnavailable, errVanished)
 	case err != nil:
 		d.untrack(l)
 		d.abandon(node)
-		return nil, d.acquireErr(ctx, unavailable("listing the queue", err))
-	case !mine:
+		return nil, d.acquireErr(ctx, err)
+	case t.mismatch != nil:
 		d.untrack(l)
-		return nil, fmt.Errorf("%w: zookeeper: the lock node vanished (session expired?)", backend.ErrUnavailable)
-	case pred != "":
+		d.leave(ctx, node)
+		return nil, t.mismatch
+	case !t.granted:
 		d.untrack(l)
 		d.leave(ctx, node)
 		return nil, &backend.HeldError{}
@@ -1182,16 +1194,21 @@ func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.L
 	return l.grant(), nil
 }
 
-// Acquire joins key's queue and waits until every node ahead of ours is
-// gone, watching only its immediate predecessor. On error or cancellation
-// it returns at once, and our node is deleted in the background. Once its
-// node exists, a waiter rides out connection losses and rounds of the
-// client that reach no server: only a cut-off longer than the session
-// timeout (plus cutOffMargin) ends its wait (see await and again).
+// Acquire joins key's queue and waits until the grant rule grants our node:
+// for an exclusive lease, until every node ahead of ours is gone, watching
+// only its immediate predecessor; for a shared one, see judge for what it
+// watches. On error or cancellation it returns at once, and our node is
+// deleted in the background. Once its node exists, a waiter rides out
+// connection losses and rounds of the client that reach no server: only a
+// cut-off longer than the session timeout (plus cutOffMargin) ends its
+// wait (see await and again). A shared request that finds a shared node of
+// another Permits ahead of it leaves the queue (its node deleted before it
+// returns, as TryAcquire's) and returns a *PermitsError.
 func (d *Driver) Acquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
-	key, ttl := req.Key, req.TTL
+	key, ttl, k := req.Key, req.TTL, kindOf(req)
 	parent := d.parent(key)
-	node, err := d.create(ctx, parent, holderData(req.Holder))
+	data := holderData(req.Holder)
+	node, err := d.create(ctx, parent, k.tag(), data)
 	if err != nil {
 		return nil, d.acquireErr(ctx, err)
 	}
@@ -1201,43 +1218,54 @@ func (d *Driver) Acquire(ctx context.Context, req backend.Request) (backend.Leas
 		d.abandon(node)
 		return nil, d.acquireErr(ctx, err)
 	}
+	vanished := func() (backend.Lease, error) {
+		d.untrack(l)
+		return nil, fmt.Errorf("%w: zookeeper: the waiter's node vanished while queued (session expired?)", backend.ErrUnavailable)
+	}
+	var seen string // see watchTurn
 	for {
-		pred, mine, err := d.look(ctx, true, parent, l)
-		if err != nil {
+		t, err := d.look(ctx, true, parent, l, k)
+		switch {
+		case err != nil:
 			return fail(unavailable("listing the queue", err))
-		}
-		if !mine {
+		case !t.mine:
+			return vanished()
+		case t.mismatch != nil:
 			d.untrack(l)
-			return nil, fmt.Errorf("%w: zookeeper: the waiter's node vanished while queued (session expired?)", backend.ErrUnavailable)
-		}
-		if pred == "" {
+			d.leave(ctx, node)
+			return nil, t.mismatch
+		case t.granted:
+			switch err := d.announce(ctx, true, l, k, t, data); {
+			case errors.Is(err, errVanished):
+				return vanished()
+			case err != nil:
+				return fail(err)
+			}
 			return l.grant(), nil
 		}
-		// GetW, not ExistsW: on a missing node ExistsW would leave a
-		// watch for its creation, which never comes.
-		var ev <-chan zk.Event
-		err = d.read(ctx, true, func() (err error) {
-			_, _, ev, err = d.conn.GetW(parent + "/" + pred)
-			return err
-		})
-		if errors.Is(err, zk.ErrNoNode) {
-			continue // gone already
+		// Watches that a missing node cannot leave behind: GetW or
+		// ChildrenW, not ExistsW, which would wait for its creation.
+		ev, stop, ready, err := d.watchTurn(ctx, parent, t, &seen)
+		if ready {
+			continue // gone already, or announced
 		}
 		if err != nil {
-			return fail(unavailable("watching the predecessor", err))
+			return fail(unavailable("watching the queue", err))
 		}
-		if err := d.await(ctx, ev); err != nil {
+		err = d.await(ctx, ev)
+		stop()
+		if err != nil {
 			return fail(err)
 		}
 	}
 }
 
-// await waits for ev, the watch on a waiter's predecessor, to fire (the
-// predecessor was deleted, or the watch ended), until ctx ends or the
-// session has been cut off for longer than its timeout (plus cutOffMargin,
-// see cutOff): a waiter that
-// cannot know whether its node still exists gives up with ErrUnavailable
-// instead of waiting for the ensemble forever.
+// await waits for ev, the watch of a waiter (see watchTurn), to fire (a
+// node it watches was deleted or announced its grant, or the watch ended),
+// until ctx ends or the session has been cut off for longer than its
+// timeout (plus cutOffMargin, see cutOff): a waiter that cannot know
+// whether its node still exists gives up with ErrUnavailable instead of
+// waiting for the ensemble forever.
 func (d *Driver) await(ctx context.Context, ev <-chan zk.Event) error {
 	for {
 		left, changed, err := d.cutOff()

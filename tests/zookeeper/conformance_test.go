@@ -26,8 +26,14 @@ func (h *harness) NewLocker(ctx context.Context, opts *dlock.Options) (*dlock.Lo
 }
 
 // Expire deletes every lock node in key's queue, as the server does when
-// their sessions end.
+// their sessions end: every lease on the key (all of a semaphore's permits,
+// all readers) and every waiter. The listing follows a sync: the admin
+// session's server may be a follower that has not yet applied the
+// creation of a node another session has been granted.
 func (h *harness) Expire(ctx context.Context, key string) error {
+	if _, err := h.admin.Sync(parent(key)); err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return err
+	}
 	kids, _, err := h.admin.Children(parent(key))
 	if errors.Is(err, zk.ErrNoNode) {
 		return nil
@@ -43,10 +49,15 @@ func (h *harness) Expire(ctx context.Context, key string) error {
 	return nil
 }
 
-// Residue reports a lock node left in key's queue. Deletions by a
-// cancelled waiter finish in the background: allow them a moment.
+// Residue reports a lock node left in key's queue, of any kind (exclusive,
+// a permit, a reader; holding or waiting), as of a sync (see Expire).
+// Deletions by a cancelled waiter finish in the background: allow them a
+// moment.
 func (h *harness) Residue(ctx context.Context, key string) (bool, error) {
 	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := h.admin.Sync(parent(key)); err != nil && !errors.Is(err, zk.ErrNoNode) {
+			return false, err
+		}
 		kids, _, err := h.admin.Children(parent(key))
 		if errors.Is(err, zk.ErrNoNode) {
 			return false, nil

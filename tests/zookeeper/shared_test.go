@@ -1,0 +1,691 @@
+package zookeeper_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/driver"
+	"github.com/dlock-go/dlock/tests/servers"
+	"github.com/dlock-go/dlock/zookeeper"
+)
+
+// Shared leases (semaphores, readers) on real servers. The grant rule
+// itself is tested on fixed and random queues in the zookeeper package
+// (shared_test.go); these tests check what a user sees.
+
+// sharedWait bounds every wait of these tests: generous, as the machine is
+// shared; no test here asserts speed.
+const sharedWait = 30 * time.Second
+
+// permits and reader are the AcquireOptions of a semaphore's permit and a
+// reader's lease.
+func permits(n int) *dlock.AcquireOptions { return &dlock.AcquireOptions{Permits: n} }
+
+var readerOpts = &dlock.AcquireOptions{Shared: true}
+
+// grant is the outcome of an Acquire run in the background.
+type grant struct {
+	le  *dlock.Lease
+	err error
+}
+
+// acquireShared runs l.Acquire(ctx, key, ao) in the background.
+func acquireShared(ctx context.Context, l *dlock.Locker, key string, ao *dlock.AcquireOptions) <-chan grant {
+	ch := make(chan grant, 1)
+	go func() {
+		le, err := l.Acquire(ctx, key, ao)
+		ch <- grant{le, err}
+	}()
+	return ch
+}
+
+// awaitGrant waits for g's outcome and fails the test on an error.
+func awaitGrant(t *testing.T, g <-chan grant, what string) *dlock.Lease {
+	t.Helper()
+	select {
+	case r := <-g:
+		if r.err != nil {
+			t.Fatalf("%s: %v", what, r.err)
+		}
+		return r.le
+	case <-time.After(sharedWait):
+		t.Fatalf("%s: not granted within %v", what, sharedWait)
+	}
+	return nil
+}
+
+// notGranted checks that g has no outcome yet, after a moment for a wrong
+// grant to show.
+func notGranted(t *testing.T, g <-chan grant, what string) {
+	t.Helper()
+	select {
+	case r := <-g:
+		t.Fatalf("%s: returned (%v, %v) while it must wait", what, r.le, r.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+// waitInspect polls Inspect until key has held holders and waiters waiters.
+func waitInspect(t *testing.T, l *dlock.Locker, key string, held, waiters int) dlock.LockInfo {
+	t.Helper()
+	var info dlock.LockInfo
+	for deadline := time.Now().Add(sharedWait); ; time.Sleep(10 * time.Millisecond) {
+		var err error
+		info, err = l.Inspect(t.Context(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(info.Holders) == held && info.Waiters == waiters {
+			return info
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Inspect(%q): %d holders and %d waiters, want %d and %d", key, len(info.Holders), info.Waiters, held, waiters)
+		}
+	}
+}
+
+func release(t *testing.T, les ...*dlock.Lease) {
+	t.Helper()
+	for _, le := range les {
+		if err := le.Release(t.Context()); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	}
+}
+
+// TestSemaphoreNeverExceedsN: goroutines on several Lockers (each its own
+// session) take permits of one semaphore, by Acquire and by TryAcquire
+// retried, while one goroutine takes the key exclusively now and then; an
+// atomic count of the holders inside the critical section never exceeds
+// N, and never meets the exclusive holder. Seen red with the grant rule
+// granting one permit too many.
+func TestSemaphoreNeverExceedsN(t *testing.T) {
+	t.Parallel()
+	const (
+		n       = 3
+		lockers = 3
+		workers = 24
+		rounds  = 4
+	)
+	srv := servers.ZooKeeper(t, 1).Servers()
+	ls := make([]*dlock.Locker, lockers)
+	for i := range ls {
+		ls[i] = newLocker(t, srv, nil)
+	}
+	key := uniqueKey(t)
+	var shared, exclusive, most atomic.Int32
+	inside := func(excl bool) error {
+		if excl {
+			if e := exclusive.Add(1); e != 1 || shared.Load() != 0 {
+				return fmt.Errorf("exclusive holder with %d exclusive and %d shared holders", e, shared.Load())
+			}
+			time.Sleep(5 * time.Millisecond)
+			exclusive.Add(-1)
+			return nil
+		}
+		s := shared.Add(1)
+		defer shared.Add(-1)
+		for m := most.Load(); s > m && !most.CompareAndSwap(m, s); m = most.Load() {
+		}
+		if s > n || exclusive.Load() != 0 {
+			return fmt.Errorf("%d permits of %d held (exclusive holders: %d)", s, n, exclusive.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, workers+1)
+	for w := range workers + 1 {
+		excl := w == workers
+		l := ls[w%lockers]
+		wg.Go(func() {
+			for r := range rounds {
+				ao := permits(n)
+				if excl {
+					ao = nil
+				}
+				var le *dlock.Lease
+				var err error
+				if (w+r)%3 == 0 {
+					for {
+						le, err = l.TryAcquire(ctx, key, ao)
+						if !errors.Is(err, dlock.ErrNotAcquired) || ctx.Err() != nil {
+							break
+						}
+						time.Sleep(2 * time.Millisecond)
+					}
+				} else {
+					le, err = l.Acquire(ctx, key, ao)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				if err := inside(excl); err != nil {
+					errs <- err
+				}
+				if err := le.Release(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	t.Logf("at most %d permits held at once (of %d)", most.Load(), n)
+	if most.Load() < 2 {
+		t.Errorf("never more than %d permit held at once: the semaphore behaves as a mutex", most.Load())
+	}
+}
+
+// TestSharedRoundTrips: an uncontended permit or reader costs what a
+// mutex does: TryAcquire takes two round trips (the create, then the
+// listing and the read of our node together), also beside other holders
+// when nothing is queued behind it (no announce), and Release one.
+func TestSharedRoundTrips(t *testing.T) {
+	srv := servers.ZooKeeper(t, 1).Servers()
+	fc := &frameCounter{delay: 200 * time.Millisecond}
+	l := newLocker(t, srv, &zookeeper.Options{Dialer: fc.dial})
+	admin := adminConn(t, srv)
+	for _, ao := range []*dlock.AcquireOptions{permits(3), readerOpts} {
+		key := uniqueKey(t)
+		// A persistent parent, so that no container is created or reaped.
+		if _, err := admin.Create(parent(key), nil, 0, zk.WorldACL(zk.PermAll)); err != nil {
+			t.Fatal(err)
+		}
+		var les []*dlock.Lease
+		for i := range 2 {
+			fc.start()
+			le, err := l.TryAcquire(t.Context(), key, ao)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req, rounds := fc.stop()
+			if rounds != 2 {
+				t.Errorf("%+v, holder %d: TryAcquire took %d round trips (%d requests), want 2", ao, i+1, rounds, req)
+			}
+			les = append(les, le)
+		}
+		for _, le := range les {
+			fc.start()
+			if err := le.Release(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if req, rounds := fc.stop(); req != 1 || rounds != 1 {
+				t.Errorf("%+v: Release sent %d requests in %d round trips, want one delete", ao, req, rounds)
+			}
+		}
+	}
+}
+
+// TestReadersOverlapWriterExcludes: readers hold together; a writer is
+// kept out while they hold, and keeps them out while it holds.
+func TestReadersOverlapWriterExcludes(t *testing.T) {
+	t.Parallel()
+	srv := servers.ZooKeeper(t, 1).Servers()
+	l1, l2, l3 := newLocker(t, srv, nil), newLocker(t, srv, nil), newLocker(t, srv, nil)
+	key := uniqueKey(t)
+	r1, err := l1.TryAcquire(t.Context(), key, readerOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := l2.TryAcquire(t.Context(), key, readerOpts)
+	if err != nil {
+		t.Fatalf("a second reader while a reader holds: %v", err)
+	}
+	if _, err := l3.TryAcquire(t.Context(), key, nil); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("writer TryAcquire while readers hold = %v, want ErrNotAcquired", err)
+	}
+	w := acquireShared(t.Context(), l3, key, nil)
+	notGranted(t, w, "writer while readers hold")
+	release(t, r1)
+	notGranted(t, w, "writer while a reader holds")
+	release(t, r2)
+	wl := awaitGrant(t, w, "writer once the readers are gone")
+	if _, err := l1.TryAcquire(t.Context(), key, readerOpts); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("reader TryAcquire while the writer holds = %v, want ErrNotAcquired", err)
+	}
+	release(t, wl)
+	r3, err := l1.TryAcquire(t.Context(), key, readerOpts)
+	if err != nil {
+		t.Fatalf("reader once the writer is gone: %v", err)
+	}
+	release(t, r3)
+}
+
+// TestWaitingWriterBlocksReaders: a writer queued behind a reader keeps
+// new readers out (TryAcquire fails, Acquire waits) until it has held and
+// released; the reader queued behind it gets a later token.
+func TestWaitingWriterBlocksReaders(t *testing.T) {
+	t.Parallel()
+	srv := servers.ZooKeeper(t, 1).Servers()
+	l1, l2, l3 := newLocker(t, srv, nil), newLocker(t, srv, nil), newLocker(t, srv, nil)
+	key := uniqueKey(t)
+	r1, err := l1.Acquire(t.Context(), key, readerOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := acquireShared(t.Context(), l2, key, nil)
+	waitInspect(t, l1, key, 1, 1)
+	if _, err := l3.TryAcquire(t.Context(), key, readerOpts); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("reader TryAcquire while a writer waits = %v, want ErrNotAcquired", err)
+	}
+	r2 := acquireShared(t.Context(), l3, key, readerOpts)
+	notGranted(t, r2, "reader behind a waiting writer")
+	release(t, r1)
+	wl := awaitGrant(t, w, "writer")
+	notGranted(t, r2, "reader while the writer holds")
+	release(t, wl)
+	rl := awaitGrant(t, r2, "reader after the writer")
+	if rl.Token() <= wl.Token() || wl.Token() <= r1.Token() {
+		t.Errorf("tokens: reader %d, writer %d, reader %d; want them increasing", r1.Token(), wl.Token(), rl.Token())
+	}
+	release(t, rl)
+}
+
+// TestPermitsMismatch: a shared acquire whose Permits differ from those of
+// the key's holders, or of a waiter queued ahead of it, fails at once with a
+// *PermitsError, without waiting, and leaves no node behind.
+func TestPermitsMismatch(t *testing.T) {
+	t.Parallel()
+	srv := servers.ZooKeeper(t, 1).Servers()
+	admin := adminConn(t, srv)
+	l1, l2 := newLocker(t, srv, nil), newLocker(t, srv, nil)
+	key := uniqueKey(t)
+	held, err := l1.Acquire(t.Context(), key, permits(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string, err error, asked, want int) {
+		t.Helper()
+		var pe *dlock.PermitsError
+		if !errors.As(err, &pe) || pe.Asked != asked || pe.Held != want || !errors.Is(err, dlock.ErrInvalidConfig) || errors.Is(err, dlock.ErrNotAcquired) {
+			t.Errorf("%s = %v, want a PermitsError (asked %d, held %d) matching ErrInvalidConfig", what, err, asked, want)
+		}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), sharedWait)
+	defer cancel()
+	_, err = l2.TryAcquire(ctx, key, permits(3))
+	check("TryAcquire of a permit of 3 on a semaphore of 2", err, 3, 2)
+	_, err = l2.Acquire(ctx, key, permits(3))
+	check("Acquire of a permit of 3 on a semaphore of 2", err, 3, 2)
+	_, err = l2.Acquire(ctx, key, readerOpts)
+	check("Acquire of a reader on a semaphore of 2", err, 0, 2)
+	if ctx.Err() != nil {
+		t.Fatal("the mismatched acquires waited")
+	}
+	kids, _, err := admin.Children(parent(key))
+	if err != nil || len(kids) != 1 {
+		t.Errorf("queue after the mismatches: %v (%v), want the holder's node only", kids, err)
+	}
+	// Exclusive on a semaphore's key is allowed: a waiting writer.
+	w := acquireShared(t.Context(), l2, key, nil)
+	waitInspect(t, l1, key, 1, 1)
+	release(t, held)
+	wl := awaitGrant(t, w, "writer on a semaphore's key")
+	// A waiter ahead counts as much as a holder.
+	sem := acquireShared(t.Context(), l1, key, permits(2))
+	waitInspect(t, l1, key, 1, 1)
+	_, err = l2.Acquire(ctx, key, permits(5))
+	check("Acquire of a permit of 5 behind a waiting permit of 2", err, 5, 2)
+	release(t, wl)
+	release(t, awaitGrant(t, sem, "permit of 2 after the writer"))
+}
+
+// TestSharedTokensIncrease: every grant's token is larger than those of
+// every earlier grant on the key, shared and exclusive alike.
+func TestSharedTokensIncrease(t *testing.T) {
+	t.Parallel()
+	srv := servers.ZooKeeper(t, 1).Servers()
+	ls := []*dlock.Locker{newLocker(t, srv, nil), newLocker(t, srv, nil), newLocker(t, srv, nil)}
+	key := uniqueKey(t)
+	var last dlock.Token // the largest token granted so far
+	grantedTogether := func(les ...*dlock.Lease) {
+		t.Helper()
+		top := last
+		for _, le := range les {
+			if le.Token() <= last {
+				t.Errorf("token %d not above %d, the largest of the earlier grants", le.Token(), last)
+			}
+			top = max(top, le.Token())
+		}
+		last = top
+	}
+	try := func(l *dlock.Locker, ao *dlock.AcquireOptions) *dlock.Lease {
+		t.Helper()
+		le, err := l.TryAcquire(t.Context(), key, ao)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return le
+	}
+	for range 2 {
+		s1 := try(ls[0], permits(2))
+		grantedTogether(s1)
+		s2 := try(ls[1], permits(2))
+		grantedTogether(s2)
+		w := acquireShared(t.Context(), ls[2], key, nil)
+		waitInspect(t, ls[0], key, 2, 1)
+		release(t, s1, s2)
+		wl := awaitGrant(t, w, "writer")
+		grantedTogether(wl)
+		// Readers queue behind the writer (behind the permits they
+		// would fail: another kind of shared lease).
+		r1 := acquireShared(t.Context(), ls[0], key, readerOpts)
+		r2 := acquireShared(t.Context(), ls[1], key, readerOpts)
+		waitInspect(t, ls[0], key, 1, 2)
+		release(t, wl)
+		rl1, rl2 := awaitGrant(t, r1, "reader"), awaitGrant(t, r2, "reader")
+		grantedTogether(rl1, rl2)
+		w2 := acquireShared(t.Context(), ls[2], key, nil)
+		waitInspect(t, ls[0], key, 2, 1)
+		release(t, rl1, rl2)
+		wl2 := awaitGrant(t, w2, "second writer")
+		grantedTogether(wl2)
+		release(t, wl2)
+	}
+}
+
+// TestInspectShared: Inspect lists every holder of a shared key, oldest
+// grant first, with its token and description, and counts its waiters;
+// Keys lists the key.
+func TestInspectShared(t *testing.T) {
+	t.Parallel()
+	srv := servers.ZooKeeper(t, 1).Servers()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	opts := &zookeeper.Options{Prefix: "/dlock-inspect-shared-" + hex.EncodeToString(b[:])}
+	l1, l2 := newLocker(t, srv, opts), newLocker(t, srv, opts)
+	key := uniqueKey(t)
+	var les []*dlock.Lease
+	for i := range 3 {
+		le, err := []*dlock.Locker{l1, l2}[i%2].TryAcquire(t.Context(), key, &dlock.AcquireOptions{Permits: 3, Holder: fmt.Sprintf("h%d", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		les = append(les, le)
+	}
+	waiter := acquireShared(t.Context(), l2, key, &dlock.AcquireOptions{Permits: 3, Holder: "h3"})
+	info := waitInspect(t, l1, key, 3, 1)
+	if !info.Held || !info.Shared || info.Permits != 3 || info.Token != les[0].Token() || info.Holder != "h0" {
+		t.Errorf("Inspect of a semaphore of 3 with 3 holders = %+v, want held, shared, permits 3, token %d, holder h0", info, les[0].Token())
+	}
+	for i, h := range info.Holders {
+		if h.Token != les[i].Token() || h.Holder != fmt.Sprintf("h%d", i) {
+			t.Errorf("Holders[%d] = %+v, want token %d, holder h%d", i, h, les[i].Token(), i)
+		}
+	}
+	keys, err := driver.Keys(t.Context(), l1, 100)
+	if err != nil || !slices.Contains(keys, key) {
+		t.Errorf("Keys = %v (%v), want it to list %q", keys, err, key)
+	}
+	release(t, les...)
+	release(t, awaitGrant(t, waiter, "the fourth permit"))
+
+	// Readers: shared, no permits; a writer: one holder, not shared.
+	r1, err := l1.TryAcquire(t.Context(), key, &dlock.AcquireOptions{Shared: true, Holder: "r1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := l2.TryAcquire(t.Context(), key, &dlock.AcquireOptions{Shared: true, Holder: "r2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info = waitInspect(t, l1, key, 2, 0)
+	if !info.Shared || info.Permits != 0 || info.Holders[0].Holder != "r1" || info.Holders[1].Token != r2.Token() {
+		t.Errorf("Inspect with two readers = %+v, want shared, permits 0, r1 then r2", info)
+	}
+	release(t, r1, r2)
+	w, err := l1.TryAcquire(t.Context(), key, &dlock.AcquireOptions{Holder: "w"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info = waitInspect(t, l1, key, 1, 0)
+	if info.Shared || info.Permits != 0 || info.Holder != "w" || info.Token != w.Token() {
+		t.Errorf("Inspect with a writer = %+v, want exclusive, holder w, token %d", info, w.Token())
+	}
+	release(t, w)
+}
+
+// TestSharedWaiterCancelLeavesNothing: a cancelled shared waiter returns
+// an error matching ErrNotAcquired and context.Canceled, and leaves no
+// node; a waiter behind a cancelled one (which watched it) moves up.
+func TestSharedWaiterCancelLeavesNothing(t *testing.T) {
+	t.Parallel()
+	srv := servers.ZooKeeper(t, 1).Servers()
+	h := &harness{servers: srv, admin: adminConn(t, srv)}
+	l1, l2, l3 := newLocker(t, srv, nil), newLocker(t, srv, nil), newLocker(t, srv, nil)
+	cancelled := func(what string, g <-chan grant) {
+		t.Helper()
+		select {
+		case r := <-g:
+			if !errors.Is(r.err, dlock.ErrNotAcquired) || !errors.Is(r.err, context.Canceled) {
+				t.Errorf("%s = (%v, %v), want ErrNotAcquired and context.Canceled", what, r.le, r.err)
+			}
+		case <-time.After(sharedWait):
+			t.Fatalf("%s: still waiting %v after its cancellation", what, sharedWait)
+		}
+	}
+	noResidue := func(key string) {
+		t.Helper()
+		if res, err := h.Residue(t.Context(), key); err != nil || res {
+			t.Errorf("Residue(%q) = %v, %v after every holder and waiter is gone", key, res, err)
+		}
+	}
+
+	// A semaphore of 1: the first waiter watches the holder, the second
+	// the first (for its announce); the first is cancelled.
+	key := uniqueKey(t)
+	held, err := l1.Acquire(t.Context(), key, permits(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctxA, cancelA := context.WithCancel(t.Context())
+	a := acquireShared(ctxA, l2, key, permits(1))
+	waitInspect(t, l1, key, 1, 1)
+	b := acquireShared(t.Context(), l3, key, permits(1))
+	waitInspect(t, l1, key, 1, 2)
+	cancelA()
+	cancelled("the first permit waiter", a)
+	waitInspect(t, l1, key, 1, 1)
+	release(t, held)
+	release(t, awaitGrant(t, b, "the permit waiter behind the cancelled one"))
+	noResidue(key)
+
+	// A reader behind a writer.
+	key = uniqueKey(t)
+	wl, err := l1.Acquire(t.Context(), key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctxR, cancelR := context.WithCancel(t.Context())
+	r := acquireShared(ctxR, l2, key, readerOpts)
+	waitInspect(t, l1, key, 1, 1)
+	cancelR()
+	cancelled("a reader behind a writer", r)
+	release(t, wl)
+	noResidue(key)
+}
+
+// TestExpireDropsEveryPermit: the harness's Expire drops every lease on a
+// shared key, as the conformance suite needs: every holder learns it.
+func TestExpireDropsEveryPermit(t *testing.T) {
+	t.Parallel()
+	srv := servers.ZooKeeper(t, 1).Servers()
+	h := &harness{servers: srv, admin: adminConn(t, srv)}
+	key := uniqueKey(t)
+	var les []*dlock.Lease
+	for range 3 {
+		le, err := newLocker(t, srv, nil).TryAcquire(t.Context(), key, permits(3))
+		if err != nil {
+			t.Fatal(err)
+		}
+		les = append(les, le)
+	}
+	if err := h.Expire(t.Context(), key); err != nil {
+		t.Fatal(err)
+	}
+	for i, le := range les {
+		select {
+		case <-le.Done():
+			if !errors.Is(le.Err(), dlock.ErrLeaseLost) {
+				t.Errorf("permit %d: Err() = %v, want ErrLeaseLost", i, le.Err())
+			}
+		case <-time.After(sharedWait):
+			t.Errorf("permit %d: Done not closed %v after Expire", i, sharedWait)
+		}
+	}
+	if res, err := h.Residue(t.Context(), key); err != nil || res {
+		t.Errorf("Residue = %v, %v after Expire", res, err)
+	}
+}
+
+// mntr reads the counters of a server's mntr four-letter word (the test
+// servers allow them all).
+func mntr(t *testing.T, addr string) map[string]int64 {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(sharedWait))
+	if _, err := c.Write([]byte("mntr")); err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]int64{}
+	sc := bufio.NewScanner(c)
+	for sc.Scan() {
+		name, value, ok := strings.Cut(sc.Text(), "\t")
+		if n, err := strconv.ParseInt(value, 10, 64); ok && err == nil {
+			m[name] = n
+		}
+	}
+	if len(m) == 0 {
+		t.Fatalf("mntr on %s: no counters (%v)", addr, sc.Err())
+	}
+	return m
+}
+
+// TestSemaphoreDrain: 1,000 waiters, spread over four Lockers, queue on a
+// semaphore of 4 behind a writer; once it releases, each takes a permit,
+// holds it a moment and releases. All are granted, never more than 4 at
+// once, and the test logs what the server counted per grant (its mntr
+// counters, on a server of its own so that no other test's requests
+// count): the requests it received, and the reads and writes under the
+// Lockers' prefix (a namespace of its own), separately for joining the
+// queue and for draining it. It runs with a hold of 1ms (grants overlap
+// little) and of 20ms (the permits are all held most of the time, and the
+// first waiter watches the four holders); with the longer hold, the
+// permits must overlap (a waiter granted wakes the next). It asserts no
+// speed.
+func TestSemaphoreDrain(t *testing.T) {
+	t.Parallel()
+	const (
+		n       = 4
+		waiters = 1000
+		lockers = 4
+	)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+	defer cancel()
+	ens, err := servers.StartZooKeeper(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ens.Terminate(context.Background()) })
+	srv := ens.Servers()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	ns := "drain" + hex.EncodeToString(b[:])
+	opts := &zookeeper.Options{Prefix: "/" + ns}
+	ls := make([]*dlock.Locker, lockers)
+	for i := range ls {
+		ls[i] = newLocker(t, srv, opts)
+	}
+	// counters reads the server's counters; each read is one more
+	// request received (the four-letter word).
+	counters := func() (recv, reads, writes int64) {
+		m := mntr(t, srv[0])
+		return m["zk_packets_received"], m["zk_cnt_"+ns+"_read_per_namespace"], m["zk_cnt_"+ns+"_write_per_namespace"]
+	}
+	for _, hold := range []time.Duration{time.Millisecond, 20 * time.Millisecond} {
+		key := "drain-" + hold.String()
+		gate, err := ls[0].Acquire(ctx, key, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		recv0, reads0, writes0 := counters()
+		start := time.Now()
+		var (
+			wg                     sync.WaitGroup
+			holding, most, granted atomic.Int32
+		)
+		errs := make(chan error, waiters)
+		for i := range waiters {
+			wg.Go(func() {
+				le, err := ls[i%lockers].Acquire(ctx, key, permits(n))
+				if err != nil {
+					errs <- err
+					return
+				}
+				granted.Add(1)
+				h := holding.Add(1)
+				for m := most.Load(); h > m && !most.CompareAndSwap(m, h); m = most.Load() {
+				}
+				time.Sleep(hold)
+				holding.Add(-1)
+				if err := le.Release(ctx); err != nil {
+					errs <- err
+				}
+			})
+		}
+		waitInspect(t, ls[0], key, 1, waiters)
+		joined := time.Since(start)
+		recv1, reads1, writes1 := counters()
+		start = time.Now()
+		release(t, gate)
+		wg.Wait()
+		drained := time.Since(start)
+		recv2, reads2, writes2 := counters()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		if granted.Load() != waiters || most.Load() > n {
+			t.Fatalf("hold %v: %d of %d waiters granted, at most %d at once (of %d)", hold, granted.Load(), waiters, most.Load(), n)
+		}
+		if hold >= 20*time.Millisecond && most.Load() < 2 {
+			// Not speed: a semaphore that never overlaps its permits
+			// is a mutex (seen with the announce of a grant left out:
+			// a waiter behind a waiting one then wakes only on its
+			// deletion).
+			t.Errorf("hold %v: the permits never overlapped (at most %d held at once)", hold, most.Load())
+		}
+		per := func(d int64) string { return strconv.FormatFloat(float64(d)/waiters, 'f', 2, 64) }
+		t.Logf("hold %v: join: %d waiters queued in %v: per waiter %s requests received by the server, %s reads and %s writes under %s",
+			hold, waiters, joined.Round(time.Millisecond), per(recv1-recv0-1), per(reads1-reads0), per(writes1-writes0), opts.Prefix)
+		t.Logf("hold %v: drain: %d grants (at most %d at once) in %v (%.0f grants/s): per grant %s requests received by the server, %s reads and %s writes under %s",
+			hold, waiters, most.Load(), drained.Round(time.Millisecond), waiters/drained.Seconds(), per(recv2-recv1-1), per(reads2-reads1), per(writes2-writes1), opts.Prefix)
+	}
+}
