@@ -282,6 +282,10 @@ func runAcquire(ctx context.Context, e *env, locker *dlock.Locker, key string, a
 	case sig != nil:
 		fmt.Fprintf(e.stderr, "dlock run: %v while waiting for the lock\n", sig)
 		return nil, runSignalStatus(sig)
+	case errors.As(r.err, new(*dlock.PermitsError)) || errors.Is(r.err, dlock.ErrUnsupported):
+		// Not a flag's syntax: the key's holders, or the backend, said no.
+		fmt.Fprintf(e.stderr, "dlock run: %s\n", printable(r.err.Error()))
+		return nil, exitDlockFailed
 	case errors.Is(r.err, dlock.ErrInvalidKey) || errors.Is(r.err, dlock.ErrInvalidTTL) || errors.Is(r.err, dlock.ErrInvalidConfig):
 		fmt.Fprintf(e.stderr, "dlock run: %s\nRun 'dlock run -h' for usage.\n", printable(r.err.Error()))
 		return nil, exitUsage
