@@ -463,12 +463,22 @@ type crashCrowd struct {
 // crashStartCrowd starts n contenders, c1 … cn, over Lockers made by mk;
 // e.stopAll ends them (their acquires are cancelled).
 func crashStartCrowd(t *testing.T, e *env, n int, mk func() *dlock.Locker) *crashCrowd {
+	cs := contenders(n, "c", &dlock.AcquireOptions{TTL: e.ttl})
+	for i := range cs {
+		cs[i].name = fmt.Sprintf("c%d", i+1)
+	}
+	return crashStartCrowdOf(t, e, cs, mk)
+}
+
+// crashStartCrowdOf starts the contenders cs (each with its own options:
+// a semaphore's permits, readers and writers) over Lockers made by mk.
+func crashStartCrowdOf(t *testing.T, e *env, cs []contender, mk func() *dlock.Locker) *crashCrowd {
 	c := &crashCrowd{names: map[string]bool{}, active: map[string]bool{}}
 	c.round, c.cancel = context.WithCancel(context.Background())
 	t.Cleanup(func() { c.cancel() })
-	for i := range n {
+	for _, ct := range cs {
 		l := mk()
-		name := fmt.Sprintf("c%d", i+1)
+		name, o := ct.name, ct.o
 		c.names[name] = true
 		c.lockers = append(c.lockers, l)
 		e.goStop(func(stop <-chan struct{}) {
@@ -486,7 +496,7 @@ func crashStartCrowd(t *testing.T, e *env, n int, mk func() *dlock.Locker) *cras
 				if !ok {
 					return
 				}
-				err := e.cycle(cctx, name, l, &dlock.AcquireOptions{TTL: e.ttl}, time.Minute, 10*time.Millisecond)
+				err := e.cycle(cctx, name, l, o, time.Minute, 10*time.Millisecond)
 				exit()
 				if errors.Is(err, dlock.ErrUnavailable) {
 					// The servers are down: do not spin.
@@ -576,8 +586,15 @@ func (c *crashCrowd) awaitAllWaiting(t *testing.T) {
 // would not tell a token-order violation from the overlap).
 func crashOnlyOverlap(t *testing.T, e *env) {
 	t.Helper()
+	crashOnly(t, e, check.MutualExclusion)
+}
+
+// crashOnly fails t if the history so far breaks a safety property other
+// than allowed (a semaphore's crash cell: the permit count).
+func crashOnly(t *testing.T, e *env, allowed check.Property) {
+	t.Helper()
 	for _, v := range check.Check(e.h, check.Options{}) {
-		if v.Property.Safety() && v.Property != check.MutualExclusion {
+		if v.Property.Safety() && v.Property != allowed {
 			t.Errorf("%v", v)
 		}
 	}

@@ -22,6 +22,15 @@
 // its refreshed term must outlast. Each term is recorded as a lease
 // (check.History.Granted, check.Lease.GivenUp) and checked the same way.
 //
+// The rows marked "semaphore" and "read-write lock" (shared_test.go) run
+// shared leases (issue 24) on the backends that serve them (Redis, etcd,
+// ZooKeeper; Redlock refuses them with dlock.ErrUnsupported and shows —):
+// a permit holder or a writer paused past its TTL, and a kill -9 of the
+// server while permits or readers are held. A semaphore's holders are
+// concurrent, so the checker's permit count judges them (never more valid
+// leases than permits); the read-write lock's writers update the fenced
+// register and its readers read it with their tokens.
+//
 // Some expectations cannot come out unsafe on today's backends, by
 // construction: a holder that goes on after its lease (paused, cut off,
 // its lock dropped) is refused by the fenced register on every backend

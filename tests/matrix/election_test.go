@@ -232,7 +232,7 @@ func (c *electionCrowd) handOff(t *testing.T, n int) {
 // runElectionPause is the paused-leader cell: see the comment on init.
 func runElectionPause(t *testing.T, e *env) {
 	d := e.deployment()
-	c := startChild(t, e, electionChildName, d.url(d.addrs()))
+	c := startChild(t, e, electionChildName, d.url(d.addrs()), 0)
 	// The candidates' Lockers, opened before the child is elected so that
 	// its critical section is not stretched by their connecting.
 	crowd := newElectionCrowd(t, e, 2, e.ttl)

@@ -261,7 +261,7 @@ func firstN(vs []check.Violation, n int) []check.Violation { return vs[:min(n, l
 // properties lists the distinct properties of vs, in a fixed order.
 func properties(vs []check.Violation) string {
 	var ps []string
-	for _, p := range []check.Property{check.MutualExclusion, check.TokenOrder, check.LostUpdate, check.StaleWrite} {
+	for _, p := range []check.Property{check.MutualExclusion, check.PermitCount, check.TokenOrder, check.LostUpdate, check.StaleWrite} {
 		if slices.ContainsFunc(vs, func(v check.Violation) bool { return v.Property == p }) {
 			ps = append(ps, string(p))
 		}
@@ -432,6 +432,14 @@ func (e *env) counts() (grants, writes int) {
 // TTL ends), so a scenario probes around a stale release: had the release
 // freed the lock, the probe's grant overlaps the holder's lease.
 func (e *env) probe(ctx context.Context, l *dlock.Locker) (stop func() int) {
+	return e.probeWith(ctx, l, &dlock.AcquireOptions{TTL: e.ttl})
+}
+
+// probeWith is probe with the prober's acquire options o: a permit of a
+// semaphore (then a stale release that freed another holder's permit shows
+// as one permit too many) or a writer. Its critical section is a cycle's
+// (see cycle).
+func (e *env) probeWith(ctx context.Context, l *dlock.Locker, o *dlock.AcquireOptions) (stop func() int) {
 	done := make(chan struct{})
 	tries := make(chan int, 1)
 	e.goStop(func(stop <-chan struct{}) {
@@ -439,11 +447,11 @@ func (e *env) probe(ctx context.Context, l *dlock.Locker) (stop func() int) {
 		defer func() { tries <- n }()
 		for {
 			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			le, err := e.h.TryAcquire(pctx, "prober", l, e.key, &dlock.AcquireOptions{TTL: e.ttl})
+			le, err := e.h.TryAcquire(pctx, "prober", l, e.key, o)
 			cancel()
 			n++
 			if err == nil {
-				e.reg.Update(ctx, le, 0)
+				e.critical(ctx, le, o, 0)
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 				_ = le.Release(rctx)
 				cancel()
@@ -515,8 +523,8 @@ func pause(ctx context.Context, d time.Duration) error {
 }
 
 // cycle is one client step: acquire the key (waiting up to wait; wait 0:
-// TryAcquire, bounded by 10s), update the register for hold, release. It
-// returns the lease's acquire error.
+// TryAcquire, bounded by 10s), go through the critical section for hold
+// (see critical), release. It returns the lease's acquire error.
 func (e *env) cycle(ctx context.Context, client string, l *dlock.Locker, o *dlock.AcquireOptions, wait, hold time.Duration) error {
 	var (
 		le  *check.Lease
@@ -534,11 +542,29 @@ func (e *env) cycle(ctx context.Context, client string, l *dlock.Locker, o *dloc
 	if err != nil {
 		return err
 	}
-	e.reg.Update(ctx, le, hold)
+	e.critical(ctx, le, o, hold)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if err := le.Release(rctx); err != nil && !errors.Is(err, dlock.ErrNotHeld) && !errors.Is(err, dlock.ErrLeaseLost) && !errors.Is(err, dlock.ErrUnavailable) {
 		e.t.Errorf("%s: Release: %v", client, err)
 	}
 	return nil
+}
+
+// critical is the critical section of le, taken with o, lasting hold: an
+// exclusive holder (a mutex's, a read-write lock's writer) updates the
+// fenced register; a reader (o.Shared) reads it with its token, which
+// fences off the writers before it; a semaphore's permit (o.Permits) only
+// holds: its holders are concurrent, so no register judges them, the
+// checker's permit count does.
+func (e *env) critical(ctx context.Context, le *check.Lease, o *dlock.AcquireOptions, hold time.Duration) {
+	switch {
+	case o != nil && o.Permits > 0:
+		_ = pause(ctx, hold)
+	case o != nil && o.Shared:
+		e.reg.Read(le.Token())
+		_ = pause(ctx, hold)
+	default:
+		e.reg.Update(ctx, le, hold)
+	}
 }

@@ -51,7 +51,9 @@ func init() {
 		row:     "client paused (SIGSTOP) past its TTL, then writes and releases",
 		applies: all,
 		expect:  expectIf(withoutTokens, violation, "without tokens the register cannot refuse the write the paused client makes after its lease ran out"),
-		run:     runClientPause,
+		run: func(t *testing.T, e *env) {
+			runClientPause(t, e, contenders(3, "c", &dlock.AcquireOptions{TTL: e.ttl}))
+		},
 	})
 }
 
@@ -62,13 +64,18 @@ const (
 	pauseURLEnv    = "DLOCK_MATRIX_PAUSE_URL" // the dlock.Open URL
 	pauseKeyEnv    = "DLOCK_MATRIX_PAUSE_KEY" // the key
 	pauseTTLEnv    = "DLOCK_MATRIX_PAUSE_TTL" // the lease's TTL (time.Duration)
+	// pausePermitsEnv, when set to N > 0, makes the paused client take one
+	// permit of a semaphore of N on the key instead of the key itself
+	// (shared_test.go).
+	pausePermitsEnv = "DLOCK_MATRIX_PAUSE_PERMITS"
 )
 
 // pauseMsg is one line (JSON) between the parent and the paused child.
 //
 // Child to parent: "ready" (its Locker is open), "acquired" (Token, TTL,
 // Deadline), "deadline" (Deadline, whenever it changed), "lost" (Done fired
-// before Release was invoked: Err), "read" (asks the parent to read the
+// before Release was invoked: Err, and LeaseLost: whether it matches
+// ErrLeaseLost), "read" (asks the parent to read the
 // register with its token), "write" (asks the parent to write Value+1 with
 // its token, having read Value), "released" (Start, End, Err, NotHeld,
 // LeaseLost of its Release, and LeaseErr, the lease's Err after it),
@@ -76,11 +83,14 @@ const (
 // sends "acquired" when it is elected, and instead of "released": "ended"
 // (Start: when its lead function's context ended, Err its cause, LeaseLost
 // whether that matches ErrLeaseLost; End: when lead gave the term up) and
-// "stopped" (Err: what Run returned).
+// "stopped" (Err: what Run returned). A client that holds a semaphore's
+// permit (pausePermitsEnv) has no register to read and write (the holders
+// of a semaphore are concurrent): instead of "read" and "write" it sends
+// "holding" (Token) and waits for the parent's "resume".
 //
 // Parent to child: "acquire" ("campaign" for the election child), "value"
 // (Value, OK: the read's result), "written" (OK: whether the write was
-// accepted).
+// accepted), "resume" (the permit holder goes on to its release).
 type pauseMsg struct {
 	Ev        string        `json:"ev"`
 	Token     dlock.Token   `json:"token,omitempty"`
@@ -97,8 +107,9 @@ type pauseMsg struct {
 }
 
 // pauseChild is the paused client (the child process's main): it takes the
-// key with AutoRefresh, reports its lease, and goes through its critical
-// section with the parent, which holds the register (see pauseMsg).
+// key (or a permit of it, see pausePermitsEnv) with AutoRefresh, reports
+// its lease, and goes through its critical section with the parent, which
+// holds the register (see pauseMsg).
 func pauseChild() int {
 	cio := newChildIO()
 	send, fail, next := cio.send, cio.fail, cio.next
@@ -107,6 +118,12 @@ func pauseChild() int {
 		return fail("%v", err)
 	}
 	defer l.Close()
+	permits := 0
+	if v := os.Getenv(pausePermitsEnv); v != "" {
+		if permits, err = strconv.Atoi(v); err != nil || permits < 1 {
+			return fail("%s=%q: want a number of permits above 0", pausePermitsEnv, v)
+		}
+	}
 	ctx := context.Background()
 	send(pauseMsg{Ev: "ready"})
 
@@ -114,7 +131,7 @@ func pauseChild() int {
 		return fail("%v", err)
 	}
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	le, err := l.Acquire(actx, key, &dlock.AcquireOptions{TTL: ttl, AutoRefresh: true, MaxHold: time.Minute})
+	le, err := l.Acquire(actx, key, &dlock.AcquireOptions{TTL: ttl, AutoRefresh: true, MaxHold: time.Minute, Permits: permits})
 	cancel()
 	if err != nil {
 		return fail("Acquire: %v", err)
@@ -135,7 +152,7 @@ func pauseChild() int {
 				return
 			case <-le.Done():
 				if !releasing.Load() {
-					send(pauseMsg{Ev: "lost", Err: fmt.Sprint(le.Err())})
+					send(pauseMsg{Ev: "lost", Err: fmt.Sprint(le.Err()), LeaseLost: errors.Is(le.Err(), dlock.ErrLeaseLost)})
 				}
 				return
 			case <-tick.C:
@@ -148,20 +165,29 @@ func pauseChild() int {
 	}()
 	defer func() { close(stop); <-stopped }()
 
-	// The critical section: read, work, write. The parent stops this
-	// process right after answering the read.
-	send(pauseMsg{Ev: "read", Token: le.Token()})
-	v, err := next("value")
-	if err != nil {
-		return fail("%v", err)
-	}
-	if !v.OK {
-		return fail("the register refused the read with token %d", le.Token())
-	}
-	time.Sleep(100 * time.Millisecond) // the work between read and write
-	send(pauseMsg{Ev: "write", Token: le.Token(), Value: v.Value})
-	if _, err := next("written"); err != nil {
-		return fail("%v", err)
+	if permits > 0 {
+		// A permit's critical section: hold it until the parent says
+		// go on. The parent stops this process while it waits.
+		send(pauseMsg{Ev: "holding", Token: le.Token()})
+		if _, err := next("resume"); err != nil {
+			return fail("%v", err)
+		}
+	} else {
+		// The critical section: read, work, write. The parent stops
+		// this process right after answering the read.
+		send(pauseMsg{Ev: "read", Token: le.Token()})
+		v, err := next("value")
+		if err != nil {
+			return fail("%v", err)
+		}
+		if !v.OK {
+			return fail("the register refused the read with token %d", le.Token())
+		}
+		time.Sleep(100 * time.Millisecond) // the work between read and write
+		send(pauseMsg{Ev: "write", Token: le.Token(), Value: v.Value})
+		if _, err := next("written"); err != nil {
+			return fail("%v", err)
+		}
 	}
 
 	select {
@@ -257,24 +283,34 @@ type pausedClient struct {
 	acq      check.Op  // the recorded grant
 	deadline time.Time // the last Deadline the child reported
 	lost     string    // the lease's Err when Done fired, "" before
+	// lostLeaseLost: the lease's Err when Done fired matches ErrLeaseLost.
+	lostLeaseLost bool
+	// permits is the semaphore's size the child takes a permit of (0: the
+	// key itself), recorded with its grant.
+	permits int
 }
 
 // startPausedClient starts the paused client (pauseChild) on url: see
-// startChild.
-func startPausedClient(t *testing.T, e *env, url string) *pausedClient {
+// startChild. With permits > 0 it takes a permit of a semaphore of permits
+// on the key, rather than the key.
+func startPausedClient(t *testing.T, e *env, url string, permits int) *pausedClient {
 	t.Helper()
-	return startChild(t, e, pauseChildName, url)
+	return startChild(t, e, pauseChildName, url, permits)
 }
 
 // startChild starts the child process child (a name in children) on url,
-// with the key e.key and the TTL victimTTL, and waits until its Locker is
+// with the key e.key, the TTL victimTTL and, when permits > 0, a
+// semaphore of permits (pausePermitsEnv), and waits until its Locker is
 // open (it sends "ready"). It is killed and reaped when the test ends,
 // whatever happened.
-func startChild(t *testing.T, e *env, child, url string) *pausedClient {
+func startChild(t *testing.T, e *env, child, url string, permits int) *pausedClient {
 	t.Helper()
-	c := &pausedClient{t: t, e: e, name: "paused", msgs: make(chan pauseMsg, 16), quit: make(chan struct{}), exited: make(chan error, 1)}
+	c := &pausedClient{t: t, e: e, name: "paused", msgs: make(chan pauseMsg, 16), quit: make(chan struct{}), exited: make(chan error, 1), permits: permits}
 	c.cmd = exec.Command(os.Args[0])
 	c.cmd.Env = append(os.Environ(), childEnv+"="+child, pauseURLEnv+"="+url, pauseKeyEnv+"="+e.key, pauseTTLEnv+"="+victimTTL.String())
+	if permits > 0 {
+		c.cmd.Env = append(c.cmd.Env, pausePermitsEnv+"="+strconv.Itoa(permits))
+	}
 	c.cmd.Stderr = &c.stderr
 	c.cmd.WaitDelay = 10 * time.Second
 	var err error
@@ -319,13 +355,16 @@ func (c *pausedClient) read(stdout io.Reader) {
 		case "acquired":
 			c.deadline = time.Unix(0, m.Deadline)
 			c.acq = check.Op{Kind: check.Acquire, Client: c.name, Key: c.e.key, Wait: true, Start: c.askedAt, End: now,
-				Token: m.Token, TTL: m.TTL, Deadline: c.deadline}
+				Token: m.Token, TTL: m.TTL, Deadline: c.deadline, Shared: c.permits > 0, Permits: c.permits}
 			c.acq.ID = c.e.h.Add(c.acq)
 		case "deadline":
 			c.deadline = time.Unix(0, m.Deadline)
 		case "lost":
-			c.lost = m.Err
-			c.e.h.Add(check.Op{Kind: check.Lost, Client: c.name, Key: c.e.key, Lease: c.acq.ID, Start: now, End: now, Err: fmt.Errorf("%w: %s", dlock.ErrLeaseLost, m.Err)})
+			c.lost, c.lostLeaseLost = m.Err, m.LeaseLost
+			// Deadline: the last one reported, the end of the lease's
+			// validity as the child knew it.
+			c.e.h.Add(check.Op{Kind: check.Lost, Client: c.name, Key: c.e.key, Lease: c.acq.ID, Start: now, End: now, Deadline: c.deadline,
+				Err: fmt.Errorf("%w: %s", dlock.ErrLeaseLost, m.Err)})
 		}
 		c.mu.Unlock()
 		if m.Ev == "deadline" || m.Ev == "lost" {
@@ -412,20 +451,54 @@ func (c *pausedClient) lease() (acq check.Op, deadline time.Time, lost string) {
 	return c.acq, c.deadline, c.lost
 }
 
-// runClientPause is the scenario's run: see the comment on init.
-func runClientPause(t *testing.T, e *env) {
+// contender is a client of a scenario that takes the key over and over
+// (env.cycle) with the options o.
+type contender struct {
+	name string
+	o    *dlock.AcquireOptions
+}
+
+// contenders returns n contenders named prefix0 … prefix(n-1), all with o.
+func contenders(n int, prefix string, o *dlock.AcquireOptions) []contender {
+	var cs []contender
+	for i := range n {
+		cs = append(cs, contender{fmt.Sprintf("%s%d", prefix, i), o})
+	}
+	return cs
+}
+
+// startCycling runs contender cs[i] on Locker ls[i], over and over: a
+// cycle (acquires waiting up to wait, holding for hold) until e.stopAll.
+func (e *env) startCycling(ctx context.Context, cs []contender, ls []*dlock.Locker, wait, hold time.Duration) {
+	for i, l := range ls {
+		name, o := cs[i].name, cs[i].o
+		e.goStop(func(stop <-chan struct{}) {
+			cctx, cancel := stopContext(ctx, stop)
+			defer cancel()
+			for cctx.Err() == nil {
+				if err := e.cycle(cctx, name, l, o, wait, hold); err != nil && cctx.Err() == nil {
+					time.Sleep(50 * time.Millisecond) // not a tight loop on a failing server
+				}
+			}
+		})
+	}
+}
+
+// runClientPause is the scenario's run (see the comment on init), with the
+// contenders cs; at least one of them must write the register (a mutex's
+// holder, a writer), the read-write lock's row adds readers.
+func runClientPause(t *testing.T, e *env, cs []contender) {
 	const (
-		contenders = 3
-		hold       = 250 * time.Millisecond // a contender's critical section
-		bound      = time.Minute            // for every wait on the servers or the child
+		hold  = 250 * time.Millisecond // a contender's critical section
+		bound = time.Minute            // for every wait on the servers or the child
 	)
 	d := e.deployment()
-	c := startPausedClient(t, e, d.url(d.addrs()))
+	c := startPausedClient(t, e, d.url(d.addrs()), 0)
 	// The contenders' Lockers (separate clients), opened before the child
 	// takes the lock so that its critical section is not stretched by
 	// their connecting.
 	var ls []*dlock.Locker
-	for range contenders {
+	for range cs {
 		ls = append(ls, e.locker())
 	}
 	prober := e.locker()
@@ -439,25 +512,7 @@ func runClientPause(t *testing.T, e *env) {
 	t.Logf("child %d holds the key: token %d, TTL %v", c.cmd.Process.Pid, acq.Token, acq.TTL)
 
 	ctx := t.Context()
-	for i, l := range ls {
-		name := fmt.Sprintf("c%d", i)
-		e.goStop(func(stop <-chan struct{}) {
-			cctx, cancel := context.WithCancel(ctx)
-			defer cancel()
-			go func() {
-				select {
-				case <-stop:
-					cancel()
-				case <-cctx.Done():
-				}
-			}()
-			for cctx.Err() == nil {
-				if err := e.cycle(cctx, name, l, &dlock.AcquireOptions{TTL: e.ttl}, bound, hold); err != nil && cctx.Err() == nil {
-					time.Sleep(50 * time.Millisecond) // not a tight loop on a failing server
-				}
-			}
-		})
-	}
+	e.startCycling(ctx, cs, ls, bound, hold)
 
 	// The child asks to read right after acquiring; it is stopped inside
 	// its critical section until a contender has written.
@@ -521,7 +576,7 @@ func runClientPause(t *testing.T, e *env) {
 	}
 	// A few more handoffs after the stale release, for the checker.
 	since = time.Now()
-	for range contenders {
+	for range cs {
 		op, ok := pauseAwait(e.h, bound, func(op check.Op) bool { return op.Granted() && op.End.After(since) })
 		if !ok {
 			t.Fatalf("no contender was granted the key within %v after the paused holder's release", bound)
