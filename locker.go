@@ -396,7 +396,8 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 	// waiters of this Locker in line for the key makes none before its
 	// turn: the head of the line attempts for all (see line).
 	tried := false
-	if !wait || (queuer == nil && !l.inLine(key)) {
+	kind := lineKind{ao.Shared, ao.Permits}
+	if !wait || (queuer == nil && !l.inLineAs(key, kind)) {
 		*attempts++
 		lease, err = l.try(ctx, key, &ao, wait, l.drv.TryAcquire)
 		if err == nil || !wait || !goOn(ctx, err) {
@@ -416,8 +417,8 @@ func (l *Locker) acquire(ctx context.Context, op, key string, opts *AcquireOptio
 		lease, err = l.try(ctx, key, &ao, true, queuer.Acquire)
 		return lease, l.acquireErr(ctx, op, key, err)
 	}
-	ln, me := l.joinLine(key)
-	defer l.leaveLine(key, ln, me)
+	ln, me := l.joinLine(key, kind)
+	defer l.leaveLine(key, kind, ln, me)
 	if !tried {
 		err = fmt.Errorf("%w: waiting in line behind this Locker's other waiters for the key", ErrNotAcquired)
 	}
@@ -503,18 +504,31 @@ type line struct {
 	waiters list.List // of chan struct{}, closed when that waiter's turn comes
 	wake    <-chan struct{}
 	stop    func()
+	kinds   map[lineKind]int // how many waiters ask for each kind of lease
 }
 
-// inLine reports whether waiters of this Locker are in line for key.
-func (l *Locker) inLine(key string) bool {
+// lineKind is the kind of lease a waiter asks for: exclusive, or shared
+// with its Permits.
+type lineKind struct {
+	shared  bool
+	permits int
+}
+
+// inLineAs reports whether waiters of this Locker are in line for key, all
+// of them asking for kind. A waiter of another kind makes an attempt
+// before it joins the line: a shared request whose Permits differ from the
+// key's holders must learn it at once (backend.PermitsError), not after
+// the waiters ahead of it.
+func (l *Locker) inLineAs(key string, kind lineKind) bool {
 	l.lineMu.Lock()
 	defer l.lineMu.Unlock()
-	return l.lines[key] != nil
+	ln := l.lines[key]
+	return ln != nil && ln.kinds[kind] == ln.waiters.Len()
 }
 
-// joinLine puts a waiter at the end of key's line. Its channel is closed
-// when it is the head.
-func (l *Locker) joinLine(key string) (*line, *list.Element) {
+// joinLine puts a waiter of kind at the end of key's line. Its channel is
+// closed when it is the head.
+func (l *Locker) joinLine(key string, kind lineKind) (*line, *list.Element) {
 	l.lineMu.Lock()
 	defer l.lineMu.Unlock()
 	ln := l.lines[key]
@@ -522,9 +536,10 @@ func (l *Locker) joinLine(key string) (*line, *list.Element) {
 		if l.lines == nil {
 			l.lines = map[string]*line{}
 		}
-		ln = &line{}
+		ln = &line{kinds: map[lineKind]int{}}
 		l.lines[key] = ln
 	}
+	ln.kinds[kind]++
 	turn := make(chan struct{})
 	if ln.waiters.Len() == 0 {
 		close(turn)
@@ -532,10 +547,13 @@ func (l *Locker) joinLine(key string) (*line, *list.Element) {
 	return ln, ln.waiters.PushBack(turn)
 }
 
-// leaveLine takes the waiter out of key's line: the next one becomes the
-// head if it was, and the watch ends with the last one.
-func (l *Locker) leaveLine(key string, ln *line, me *list.Element) {
+// leaveLine takes the waiter of kind out of key's line: the next one
+// becomes the head if it was, and the watch ends with the last one.
+func (l *Locker) leaveLine(key string, kind lineKind, ln *line, me *list.Element) {
 	l.lineMu.Lock()
+	if ln.kinds[kind]--; ln.kinds[kind] == 0 {
+		delete(ln.kinds, kind)
+	}
 	head := ln.waiters.Front() == me
 	ln.waiters.Remove(me)
 	var stop func()

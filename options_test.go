@@ -1,6 +1,7 @@
 package dlock_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -109,5 +110,53 @@ func TestPermitsMismatchError(t *testing.T) {
 	_, err = l.TryAcquire(t.Context(), "sem", &dlock.AcquireOptions{Shared: true})
 	if !errors.As(err, &pe) || pe.Asked != 0 || !strings.Contains(err.Error(), "asked for a read-write lock's reader") {
 		t.Errorf("a reader's TryAcquire on a semaphore's key: %v", err)
+	}
+}
+
+// TestPermitsMismatchBehindOwnWaiters: a Locker whose own waiters are in
+// line for a key still reports a permits mismatch at once (found by a
+// review: the request joined the line without an attempt and waited for
+// as long as the waiter ahead of it).
+func TestPermitsMismatchBehindOwnWaiters(t *testing.T) {
+	s := memory.NewStore()
+	a, err := memory.New(s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := memory.New(s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for range 2 {
+		if _, err := a.TryAcquire(t.Context(), "sem", &dlock.AcquireOptions{Permits: 2, TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waiting := make(chan error, 1)
+	go func() {
+		_, err := b.Acquire(t.Context(), "sem", &dlock.AcquireOptions{Permits: 2})
+		waiting <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); s.Waiters("sem") == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("b's waiter never watched the key")
+		}
+	}
+	for _, o := range []*dlock.AcquireOptions{{Permits: 3}, {Shared: true}} {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		start := time.Now()
+		_, err := b.Acquire(ctx, "sem", o)
+		cancel()
+		var pe *dlock.PermitsError
+		if !errors.As(err, &pe) || time.Since(start) > time.Second {
+			t.Errorf("Acquire with %+v behind the Locker's own waiter: %v after %v; want a *PermitsError at once", *o, err, time.Since(start).Round(time.Millisecond))
+		}
+	}
+	select {
+	case err := <-waiting:
+		t.Fatalf("the waiter ahead returned: %v", err)
+	default:
 	}
 }
