@@ -116,28 +116,63 @@
 // exclusive ones, with the same guarantees.
 //
 // Layout. A shared entry is a key of the lock's directory, on its own
-// lease as every entry is, named dir + "s" + the lease ID in hex (an
-// exclusive one is dir + the lease ID, as before shared leases), so that
-// the exclusive entries are the range [dir, dir+"g") and the shared ones
-// [dir+"s", dir+"t"). Its value is the byte 0x01, the Permits in decimal,
-// ":" and the holder description ("\x014:worker-7"); a holder
-// description is printable, so it never begins with 0x01, and an
+// lease as every entry is, named dir + "s" + its Permits in 16 hex digits
+// + the lease ID in hex (an exclusive one is dir + the lease ID, as before
+// shared leases), so that the exclusive entries are the range [dir,
+// dir+"g"), the shared ones [dir+"s", dir+"t"), and those of one Permits
+// a prefix of that range: a read of one key, or a count, tells whether the
+// queue holds an entry of a kind, or a shared entry of another Permits,
+// without reading the queue in order. Its value is the byte 0x01, the
+// Permits in decimal, ":" and the holder description ("\x014:worker-7");
+// a holder description is printable, so it never begins with 0x01, and an
 // exclusive entry's value is the holder description alone, as before.
 //
 // Grant rule. In the queue (entries by create revision), an exclusive
-// entry is granted when no entry is ahead of it; a shared entry of
-// Permits n when no exclusive entry is ahead of it and, if n > 0, fewer
-// than n entries are. The granted entries are thus a prefix of the queue,
-// granted in creation order. A shared join also reads a shared entry
-// ahead of it (other than its own): if that one asks for another Permits,
-// the acquire deletes its entry and fails at once with a
-// *backend.PermitsError (every shared entry that stays has the Permits of
-// those ahead of it when it joined, so any one tells the key's Permits;
-// one about to leave with a PermitsError of its own is a waiter ahead
-// with another Permits too). The join's reads are limited reads, never
-// sorted: a transaction with a put runs in etcd's apply loop, one at a
-// time. TryAcquire joins, reads, and leaves (deleting its entry) unless
-// granted, as for a mutex.
+// entry is granted when no entry is ahead of it. For a shared entry e of
+// Permits n, with the entries A ahead of it:
+//
+//   - if a shared entry of A has another Permits than n: if the oldest
+//     shared entry of A has another Permits, the acquire deletes e and
+//     fails with a *backend.PermitsError naming that entry's Permits;
+//     otherwise it waits (for the delete of those entries). The oldest
+//     entry of an all-shared A is granted (or is an entry at the head
+//     about to leave with a PermitsError of its own); the oldest shared
+//     entry behind a writer is granted when the writers ahead of it go
+//     (unless it is cancelled).
+//     A shared entry of A of another Permits that is not the oldest
+//     judged the oldest as e does, and is about to leave with a
+//     PermitsError: it is neither evidence of the key's Permits nor
+//     compatible with e;
+//   - else, if an exclusive entry is in A: e waits (for the nearest
+//     writer ahead);
+//   - else every entry of A is shared with e's Permits: e is granted if n
+//     is 0 (a reader) or A has fewer than n entries; otherwise it waits.
+//
+// So every entry ahead of a granted entry has its Permits: no two granted
+// entries ever differ in Permits, and the granted entries are a prefix of
+// the queue, granted in creation order, at most n of them for a
+// semaphore. An entry about to leave with a PermitsError (between its
+// join and its delete: a round trip, or until its lease runs out if its
+// delete and revoke fail or its process dies) can cause at most a wait,
+// or, at the head of the queue, a PermitsError that would not come a
+// moment later; never a grant beside it. The same rule (one function,
+// judge) judges the join and every read of a waiter. The join reads, in
+// its transaction, one exclusive entry if any, the number of entries, and
+// one key of each range of other Permits than its own: all reads of a few
+// keys or counts, none sorted (a transaction with a put runs in etcd's
+// apply loop, one at a time, and a read sorted by create revision reads
+// the whole range). If it finds a shared entry of another Permits, it
+// reads the queue once more as a waiter does, and then the oldest shared
+// entry ahead (a sorted read, outside the apply loop): only requests that
+// disagree on the Permits pay for these reads. A waiter's read takes the
+// nearest entry of each range of other Permits ahead of it as well (empty
+// ranges, unless requests disagree).
+//
+// TryAcquire joins, reads, and leaves (deleting its entry) unless granted,
+// as for a mutex. A TryAcquire that is not granted only because of
+// entries of another Permits about to leave reports the key as held
+// (ErrNotAcquired): a transient answer, as a mutex's TryAcquire racing
+// another's is; a later attempt, or Acquire, gets in once they are gone.
 //
 // Waiting, without a herd. Each waiter reads what decides its turn, in
 // one read transaction with its own key, and waits for one of these
@@ -149,8 +184,12 @@
 //     together: no herd;
 //   - a semaphore's waiter with a writer ahead and fewer than n entries
 //     between them: that writer's delete (at most n wake);
-//   - the first waiter of a semaphore (n entries ahead, all holders): the
-//     delete of any of them;
+//   - a reader with shared entries of another Permits ahead (about to
+//     leave): their deletes;
+//   - a semaphore's waiter that reads every entry ahead (at most n, no
+//     writer: holders, entries of another Permits about to leave, or
+//     waiters about to be granted): the delete of any of them (the first
+//     waiter of a semaphore, behind n holders, is such a waiter);
 //   - any other semaphore waiter: its immediate predecessor, a waiter too,
 //     for a delete or a write. It can be granted, or become the first
 //     waiter, only once its predecessor is granted or gone; and a
@@ -162,7 +201,7 @@
 //
 // A release thus wakes one waiter (the first), and its grant the next: a
 // grant costs O(1) requests however many wait — with 1,000 waiters on a
-// semaphore of 4, about 5.4 transactions per grant, counting each
+// semaphore of 4, about 5.7 transactions per grant, counting each
 // waiter's own join, first read and release (TestSemaphoreDrain logs it
 // from the server's metrics). The price is that a semaphore's waiters
 // move up one at a time: a waiter is granted after its predecessor's read
@@ -183,8 +222,9 @@
 // behind it are then granted together. The token is the create revision,
 // as for every lease, so it increases across all grants of the key,
 // shared and exclusive: a grant is made only when every entry ahead of it
-// is granted or gone (or leaving with a PermitsError, never granted).
-// Shared holders granted together may learn of their grant in any order.
+// is granted or gone (or about to leave with a PermitsError, never
+// granted). Shared holders granted together may learn of their grant in
+// any order.
 //
 // Inspect lists every holder (LockInfo.Holders, oldest first) with
 // LockInfo.Shared and Permits; Keys lists shared keys as others.

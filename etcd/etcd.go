@@ -353,7 +353,7 @@ func ttlSeconds(ttl time.Duration) int64 {
 type waiter struct {
 	d     *Driver
 	key   string // the lock name
-	myKey string // dir + lease ID in hex (dir + "s" + lease ID for a shared entry)
+	myKey string // dir + lease ID in hex (for a shared entry, dir + "s" + Permits + lease ID: see entryKey)
 	// value is myKey's value: the acquire's holder description
 	// (backend.Request.Holder; for a shared entry after its mark and
 	// Permits, see entryValue), written with the key by the join and
@@ -362,12 +362,15 @@ type waiter struct {
 	// shared and permits are those of the request (backend.Request).
 	shared  bool
 	permits int
-	// conflict is set by a shared join that found the key's shared
-	// entries asking for another Permits: the acquire leaves the queue
-	// and fails with it.
+	// conflict is set by the grant rule when it finds the key's Permits
+	// other than ours (see judge): the acquire leaves the queue and fails
+	// with it.
 	conflict *backend.PermitsError
+	// othersAhead: the join of a shared entry found a shared entry of
+	// another Permits ahead, and did not judge it (see joined).
+	othersAhead bool
 	// touch: a semaphore waiter granted after waiting, with an entry
-	// behind it, writes its key once (see wakeFor, touchKey).
+	// behind it, writes its key once (see sharedView, touchKey).
 	touch bool
 	el    *etcdLease
 	secs  int64 // asked, in seconds
@@ -496,12 +499,11 @@ func newWaiter(d *Driver, req backend.Request, secs int64) *waiter {
 // the queue's head (for a shared entry, what joinReads says), in one
 // transaction; the hub's interest in our key is registered first, so that
 // no delete of it is missed. It reports whether we are granted the lock
-// (first in the queue; for a shared entry, see joined); a shared entry
-// that conflicts with the key's Permits sets w.conflict.
+// (first in the queue; for a shared entry, see joined).
 func (w *waiter) join(ctx context.Context) (bool, error) {
 	d := w.d
 	dir := d.dir(w.key)
-	w.myKey = entryKey(dir, w.shared, w.el.id)
+	w.myKey = entryKey(dir, w.shared, w.permits, w.el.id)
 	w.reg = d.hub.watchKey(w.myKey)
 	ops := append([]clientv3.Op{clientv3.OpPut(w.myKey, w.value, clientv3.WithLease(w.el.id))}, w.joinReads(dir)...)
 	resp, err := call(ctx, d, "joining the queue", func(ctx context.Context) (*clientv3.TxnResponse, error) {
@@ -562,17 +564,29 @@ func acquireErr(ctx context.Context, err error) error {
 // TryAcquire makes one attempt: it joins the queue and, unless first (a
 // shared request: unless granted, see the package documentation), leaves
 // it at once (deleting its key; its lease goes back to the pool) and
-// reports the key as held. A shared request whose Permits differ from
-// those of the key's shared entries leaves it too, and fails with a
-// *backend.PermitsError.
+// reports the key as held. A shared request whose join found a shared
+// entry of another Permits ahead reads its queue once more, as a waiter
+// does, and judges again: if the oldest shared entry ahead has other
+// Permits, it leaves the queue and fails with a *backend.PermitsError.
 func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
 	w, first, err := d.enqueue(ctx, req)
 	if err != nil {
 		return nil, acquireErr(ctx, err)
 	}
-	if w.conflict != nil {
-		w.leave(ctx)
-		return nil, w.conflict
+	if !first && w.othersAhead {
+		// The join did not judge: read the queue and judge once more.
+		first, _, _, err = w.readQueue(ctx)
+		if err == nil && first && w.touch {
+			err = w.touchKey(ctx)
+		}
+		switch {
+		case errors.Is(err, errMismatch):
+			w.leave(ctx)
+			return nil, w.conflict
+		case err != nil:
+			w.revoke(ctx)
+			return nil, acquireErr(ctx, err)
+		}
 	}
 	if !first {
 		w.leave(ctx)
@@ -587,7 +601,7 @@ func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.L
 // is registered before each queue read, so a delete after the read is never
 // missed, and the watch is in etcd's synced group, so the waiter wakes
 // within a round trip of the delete. (A shared waiter waits for the keys
-// that wakeFor says, which may be others.) The keys waited for are also
+// that sharedView says, which may be others.) The keys waited for are also
 // read again after each answered keepalive, so a watch on a frozen member
 // delays the waiter by about a third of its TTL, not for ever. While
 // queued, the waiter's lease is kept alive; if it is lost anyway, or no
@@ -595,31 +609,40 @@ func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.L
 // quorum), Acquire fails with ErrUnavailable. A failed read (an election,
 // say) is retried until then: it does not fail Acquire by itself. On any
 // error or cancellation the lease is revoked, which removes the waiter
-// key. A shared request whose Permits differ from those of the key's
-// shared entries leaves the queue at once and fails with a
+// key. A shared request whose grant rule finds the key's Permits other
+// than its own (at its first read of the queue, or at a later one, see
+// the package documentation) leaves the queue and fails with a
 // *backend.PermitsError.
 func (d *Driver) Acquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
 	w, first, err := d.enqueue(ctx, req)
 	if err != nil {
 		return nil, acquireErr(ctx, err)
 	}
-	if w.conflict != nil {
-		w.leave(ctx)
-		return nil, w.conflict
+	if !first && w.othersAhead {
+		// The join did not judge: read the queue and judge once more
+		// before waiting (a read that fails is made again by the wait).
+		if first, _, _, err = w.readQueue(ctx); errors.Is(err, errMismatch) {
+			w.leave(ctx)
+			return nil, w.conflict
+		}
 	}
-	if first {
-		return d.newLease(w), nil
+	err = nil
+	if !first {
+		err = w.wait(ctx)
+		if w.kaTTL > 0 {
+			w.ttl = w.kaTTL // renewed while queued: from anchor
+		}
+		if errors.Is(err, errMismatch) {
+			w.leave(ctx)
+			return nil, w.conflict
+		}
 	}
-	err = w.wait(ctx)
 	if err == nil && w.touch {
 		err = w.touchKey(ctx)
 	}
 	if err != nil {
 		w.revoke(ctx)
 		return nil, acquireErr(ctx, err)
-	}
-	if w.kaTTL > 0 {
-		w.ttl = w.kaTTL // renewed while queued: from anchor
 	}
 	return d.newLease(w), nil
 }
@@ -629,10 +652,12 @@ var errExpiredQueued = fmt.Errorf("%w: etcd: the waiter's lease expired while it
 
 // wait returns once the waiter is granted the lock (for an exclusive
 // waiter: no key older than ours is left in the queue; for a shared one,
-// see wakeFor) and our key is still there. A read that fails (an election,
+// see judge) and our key is still there. A read that fails (an election,
 // a member that does not answer) is tried again after a pause, as after a
 // broken watch: the wait ends only when ctx does, or when the keepalive
-// finds the lease lost or unanswered for its TTL.
+// finds the lease lost or unanswered for its TTL, or (a shared waiter)
+// with errMismatch when the grant rule finds the key's Permits other than
+// ours.
 func (w *waiter) wait(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -647,32 +672,27 @@ func (w *waiter) wait(ctx context.Context) error {
 	// Each read takes, in one transaction, what decides our turn (for an
 	// exclusive waiter, the key just ahead of ours) and our own key (which
 	// must still be there: a waiter whose lease expired while queued is
-	// never granted the lock).
-	ops := w.queueReads()
+	// never granted the lock): see readQueue.
 	for {
 		// Before the read: a change after it is then not missed.
 		reg.reset()
-		resp, err := queued(ctx, w, "reading the queue", func(ctx context.Context) (*clientv3.TxnResponse, error) {
-			return w.d.client.Txn(ctx).Then(ops...).Commit()
-		})
-		if err != nil {
+		ok, ws, rev, err := w.readQueue(ctx)
+		switch {
+		case errors.Is(err, errExpiredQueued) || errors.Is(err, errMismatch):
+			return err
+		case err != nil:
 			// Tried again until the keepalive gives up, or ctx ends.
 			if err := pause(ctx, watchRetryPause); err != nil {
 				return waitErr(ctx, err)
 			}
 			continue
-		}
-		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 0 || kvs[0].CreateRevision != w.rev {
-			return errExpiredQueued
-		}
-		ws := w.wakeFor(resp.Responses)
-		if ws == nil {
+		case ok:
 			return nil // our turn
 		}
 		if w.d.afterQueueRead != nil {
 			w.d.afterQueueRead()
 		}
-		if reg.expect(ws, resp.Header.Revision) {
+		if reg.expect(ws, rev) {
 			continue // changed since the read
 		}
 		if err := w.waitWake(ctx, reg, ws); err != nil {
