@@ -76,10 +76,16 @@
 //     every node behind it from holding: the holders are always a prefix
 //     of the queue. At every moment the key has one exclusive holder, or
 //     shared holders of one kind, at most Permits of them.
-//   - Mismatch: a shared request that finds a shared node of another
-//     Permits ahead of it (holding or waiting) deletes its node before it
-//     returns (as a TryAcquire that finds the lock held does) and fails
-//     with a *backend.PermitsError, at once, without waiting.
+//   - Mismatch: a shared request that finds the key held by shared leases
+//     of another Permits (the head of the queue is one: the holders are
+//     all of its kind) deletes its node before it returns (as a TryAcquire
+//     that finds the lock held does) and fails with a *backend.PermitsError,
+//     at once, without waiting. Only the holders count: a waiter of another
+//     Permits ahead of it is no evidence (a request that mismatches is in
+//     the queue for a moment before it leaves; one that is granted is then
+//     a holder). A request queued behind such a waiter waits with it, and
+//     fails once that one holds, when it next looks (see below for what
+//     wakes it: the release of the writer that kept both out, say).
 //   - Fairness: FIFO. A reader or a permit queued behind a waiting writer
 //     waits for it, so writers are not starved; a writer on a semaphore's
 //     key waits for every permit ahead of it, and permits queued behind it
@@ -91,37 +97,65 @@
 //     behind a writer) are granted at the same moment on the server; their
 //     Acquire calls may return in any order.
 //
-// How waiters wait, so that a release wakes O(1) waiters however many wait
-// (no herd):
+// How waiters wait. A waiter watches only nodes whose deletion can bring
+// its grant, and only their deletions: a grant needs no action of anyone,
+// so a waiter whose process stalls (frozen, cut off) holds up no one
+// behind it once the rule grants it, and dlock never writes a lock node
+// after creating it (read, create and delete are all the rights it needs;
+// see "Security").
 //
 //   - A writer watches its immediate predecessor's deletion, as the mutex
-//     does, with a data watch (the announce of a permit right ahead of it,
-//     below, wakes it once in vain: it looks again).
-//   - A reader watches the deletion of the nearest exclusive node ahead of
-//     it, which is all that keeps it out; every reader behind that node is
-//     granted when it goes, so they all wake, but none in vain.
-//   - A permit whose predecessors all hold (exactly Permits of them, or one
-//     writer) is the next to be granted: it watches each of their
-//     deletions (Permits reads, in flight together), with child watches,
-//     which fire on a node's deletion and never on a write of its data.
-//   - A later permit waiter watches only its immediate predecessor (a
-//     waiter too) for any change, with a data watch: its deletion, or the
-//     one write with which a permit announces its grant. A permit granted
-//     while nodes are queued behind it writes its node once (the same data:
-//     a new version), since a waiter behind it may have seen it waiting; a
-//     waiter whose watch finds the predecessor's version already above 0
-//     looks again at once. An uncontended permit writes nothing more than
-//     a mutex does. Waiting permits are thus granted one after the other,
-//     each woken by the grant of the one before it.
+//     does, with a data watch.
+//   - A reader watches the nearest node ahead of it that is not a reader
+//     (a writer, or a waiter of another Permits), with a data watch: it
+//     holds once every node ahead is a reader, so while that node is there
+//     it cannot. Every reader right behind a writer is granted when it
+//     goes, so they all wake, but none in vain.
+//   - A permit of a semaphore of N watches the deletion of each of the N
+//     nodes nearest ahead of it (all of them, when fewer are ahead), and
+//     of the nearest writer further ahead (its deletion may grant shared
+//     nodes of another Permits ahead: a mismatch, reported then). While
+//     those N nodes are there, at least N nodes are ahead of it, or the
+//     same ones as when it looked: it cannot have been granted meanwhile,
+//     whichever nodes further ahead have gone. So no wake-up is missed,
+//     and each waiter is woken by the deletions themselves, not told down
+//     the queue by the waiters ahead.
 //
-// So a release costs the releaser's delete and, on the server, a listing
-// and a read (the next waiter's look), the grant's announce (one write) and
-// the watches of the waiter behind it: TestSemaphoreDrain in the module's
-// tests/zookeeper measures it with the server's own counters (mntr). Every
-// look lists the whole queue, whose size is that of a reply, not a number
-// of requests. The waiter's keepalive while queued, its clean-up on
+// A release thus wakes the writer behind the node, the readers right
+// behind it, or at most N permit waiters (those that have it among their
+// N nearest): a herd bounded by N, never by the queue's length. A join
+// wakes no one. When holders release in random order, a release wakes
+// about (N+1)/2 permit waiters, of which one is granted; the others look
+// again and wait on. The watches of a permit waiter are child watches on
+// the nodes (which fire on a deletion, not on a write of the data), and a
+// Locker sets one per node, shared by all its waiters and kept while
+// they wait again: the client library keeps a channel per watch set until
+// the node changes, so a watch set at every look would pile channels up
+// on a long-held permit. A permit waiter joining behind N nodes sends N
+// such reads (in flight together), fewer where its Locker watches them
+// already; looking again costs a request only for a node newly among its
+// N nearest.
+//
+// So a release costs the releaser's delete and, on the server, the looks
+// (a listing and a read each) of the waiters it wakes: TestSemaphoreDrain
+// in the module's tests/zookeeper measures it with the server's own
+// counters (mntr): one write per grant (its delete; the create is the
+// join's), and four to five reads with a semaphore of 4. Every look lists
+// the whole queue, whose size is that of a reply, not a number of
+// requests. The waiter's keepalive while queued, its clean-up on
 // cancellation or failure, and the loss watch of the granted lease are
 // the mutex's.
+//
+// TryAcquire joins the queue for a moment: a writer's TryAcquire that
+// finds readers or permits holding is a waiting exclusive node until it
+// leaves (about a round trip), and a shared TryAcquire that lists the
+// queue meanwhile finds a writer waiting ahead of it and fails with
+// ErrNotAcquired, although only shared leases hold; so does a permit's
+// TryAcquire queued behind a request of another Permits that is about to
+// leave with its PermitsError. It is the mutex's TryAcquire against
+// TryAcquire, whose nodes also stand before each other briefly. An
+// Acquire is not affected (it waits for the node to go), and a TryAcquire
+// tried again soon succeeds.
 //
 // # Fencing token
 //
@@ -346,8 +380,9 @@
 //
 //   - Options.ACL (URL parameter acl) if set. To let several identities
 //     share locks, list each with at least read, create and delete
-//     (read: a waiter watches its predecessor's node), and give every
-//     Locker the same ACL; a digest id is "user:<base64 of SHA-1 of
+//     (read: a waiter watches the nodes ahead of it; no write: dlock never
+//     writes a lock node after creating it), and give every Locker the
+//     same ACL; a digest id is "user:<base64 of SHA-1 of
 //     user:password>", what zk.DigestACL computes. Entries are checked
 //     before any I/O: a known scheme (world with id anyone, digest with
 //     such an id, never a password, ip with an address or CIDR block,

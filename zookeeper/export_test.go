@@ -15,13 +15,15 @@ var (
 )
 
 // Judge exposes the grant rule to the tests: the turn of node me (of the
-// kind of a request with shared and permits) in the listing kids.
-func Judge(kids []string, me string, shared bool, permits int) (granted bool, wait []string, change bool, mismatch error) {
+// kind of a request with shared and permits) in the listing kids; gone
+// reports that the nodes waited for are watched through the Driver's
+// shared deletion watches (a permit waiter's), not one data watch.
+func Judge(kids []string, me string, shared bool, permits int) (granted bool, wait []string, gone bool, mismatch error) {
 	t := judge(kids, me, kind{shared: shared, permits: permits})
 	if t.mismatch != nil {
 		mismatch = t.mismatch
 	}
-	return t.granted, t.wait, t.how == watchChange, mismatch
+	return t.granted, t.wait, t.how == watchGone, mismatch
 }
 
 // NodeTag exposes the part of a lock node's name that names its kind.

@@ -220,9 +220,9 @@ func (d *Driver) dispatch() {
 // answered; it returns the node's czxid and when the request was sent.
 // The read is a listing of the node's children (none: it is ephemeral),
 // whose reply carries the node's Stat: a child watch fires on the node's
-// deletion as a data watch does, but not on a write of its data, so the
-// write with which a semaphore's permit announces its grant (announce), or
-// one by another client, does not use it up.
+// deletion as a data watch does, but not on a write of its data, so a
+// write by another client allowed to (dlock writes no lock node) does not
+// use it up.
 // If the connection did not change during the call, the watch is known in
 // force on it from then on: l.watchGen and l.armedAt record it.
 func (d *Driver) arm(l *lease) (czxid int64, sent time.Time, err error) {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/go-zookeeper/zk"
 
@@ -152,11 +153,8 @@ func holders(q []queued) int {
 type turn struct {
 	mine    bool // our node is in the listing
 	granted bool // ours holds the lease now
-	// behind: nodes queued behind ours are in the listing. A semaphore
-	// permit granted with nodes behind it writes its node once (see
-	// announce).
-	behind bool
-	// mismatch: a shared node ahead of ours asked for another Permits.
+	// mismatch: the holders (the head of the queue) are shared leases of
+	// another Permits than ours.
 	mismatch *backend.PermitsError
 	// wait: the nodes to watch (names) when not granted, and how.
 	wait []string
@@ -167,37 +165,50 @@ type turn struct {
 type watchHow int
 
 const (
-	// watchData: a data watch (GetW), for the node's deletion, as the
-	// mutex has always watched its predecessor (a write of the node's
-	// data fires it too, a spurious wake-up: the waiter looks again).
+	// watchData: a data watch (GetW) on one node, for its deletion, as
+	// the mutex has always watched its predecessor (dlock never writes
+	// a lock node; a write by another client fires it too, a spurious
+	// wake-up: the waiter looks again).
 	watchData watchHow = iota
-	// watchGone: a child watch (ChildrenW), which fires on the node's
-	// deletion only, never on a write of its data (a holder's announce).
+	// watchGone: the deletion of each of the nodes, through the
+	// Driver's shared deletion watches (see watchGone).
 	watchGone
-	// watchChange: a data watch for any change of one node: its deletion,
-	// or the write with which it announces its grant.
-	watchChange
 )
 
 // judge applies the grant rule to the listing kids for our node me, of
-// kind k, and says which nodes to watch if ours is not granted:
-//   - an exclusive node watches its immediate predecessor's deletion (the
-//     mutex's recipe, with its data watch);
-//   - a reader, the deletion of the nearest exclusive node ahead of it
-//     (a data watch too: dlock never writes an exclusive node): only
-//     exclusive nodes keep a reader out, and the readers behind one are
-//     all granted when it goes;
-//   - a permit of a semaphore, when every node ahead holds (exactly
-//     Permits of them, or one exclusive node), the deletion of each of
-//     them (child watches, which the holders' announces do not fire): it
-//     is the first waiter, the next to be granted;
-//   - a later permit waiter, its immediate predecessor (a waiter too),
-//     for any change: its deletion, or the write with which it announces
-//     that it was granted (announce), after which ours may be first.
+// kind k, and says which nodes to watch if ours is not granted. A waiter
+// watches nodes whose deletion can bring its grant, and only deletions:
+// no grant needs any action of the node granted, so a waiter that stalls
+// (a frozen process, a cut connection) delays no one it is not ahead of,
+// and nothing is ever written to a lock node.
+//   - An exclusive node watches its immediate predecessor (the mutex's
+//     recipe, with its data watch): it holds once every node ahead is
+//     gone, so not before that one is; it looks again when it goes.
+//   - A reader watches the nearest node ahead that is not a reader (an
+//     exclusive node, or a waiter of another Permits), with a data watch:
+//     a reader holds once every node ahead is a reader, so while that node
+//     is there it cannot, whatever else leaves.
+//   - A permit of a semaphore of N watches the deletion of each of the N
+//     nodes nearest ahead of it (all of them when fewer are ahead). While
+//     they are all there, at least N nodes are ahead of it, or the nodes
+//     ahead are the same as at its look: it cannot have been granted in
+//     between, so no wake-up is missed however the nodes further ahead
+//     leave (the exact rule, not a chain of grants told down the queue).
+//     It also watches the nearest exclusive node further ahead, whose
+//     deletion may grant shared nodes of another Permits (its mismatch,
+//     then reported without waiting for the nodes near it).
 //
-// No node watches anything that does not bring its own turn closer, so a
-// release wakes O(1) waiters however many wait (no herd), except that all
-// the readers that one release grants wake together.
+// A node's deletion thus wakes its successor if exclusive, the readers
+// right behind it, and at most N permit waiters (the N behind it), however
+// many wait: a herd bounded by N, never by the queue. A permit waiter's
+// watches are set once per node per Driver (see watchGone), so waiting
+// again costs a request only for the nodes newly among the N nearest.
+//
+// Mismatch: only the holders count. They are a prefix of the queue, all
+// of the head's kind, so a shared request mismatches when the head is a
+// shared node of another Permits; a waiter ahead of another Permits is no
+// evidence (a request that mismatches is in the queue for a moment before
+// it leaves, and one that is granted becomes a holder, seen then).
 func judge(kids []string, me string, k kind) turn {
 	var t turn
 	q := entries(kids)
@@ -206,166 +217,191 @@ func judge(kids []string, me string, k kind) turn {
 		return t
 	}
 	t.mine = true
-	t.behind = i < len(q)-1
 	ahead := q[:i]
-	if k.shared {
-		for _, e := range ahead {
-			if e.kind.shared && e.kind.permits != k.permits {
-				t.mismatch = &backend.PermitsError{Asked: k.permits, Held: e.kind.permits}
-				return t
-			}
-		}
+	if h := q[0].kind; k.shared && i > 0 && h.shared && h.permits != k.permits {
+		t.mismatch = &backend.PermitsError{Asked: k.permits, Held: h.permits}
+		return t
 	}
 	q[i].kind = k // our own kind is what we asked, whatever the name says
-	if t.granted = grantable(q, i); t.granted || i == 0 {
+	if t.granted = grantable(q, i); t.granted {
 		return t
 	}
 	switch {
 	case !k.shared:
 		t.wait = []string{ahead[i-1].name}
 	case k.permits == 0:
-		for j := i - 1; j >= 0; j-- {
-			if !ahead[j].kind.shared {
+		for j := i - 1; j >= 0 && len(t.wait) == 0; j-- {
+			if ahead[j].kind != k {
 				t.wait = []string{ahead[j].name}
+			}
+		}
+	default:
+		near := max(0, i-k.permits)
+		for j := near - 1; j >= 0; j-- {
+			if !ahead[j].kind.shared {
+				t.wait = append(t.wait, ahead[j].name)
 				break
 			}
 		}
-	case holders(ahead) == len(ahead):
-		for _, e := range ahead {
+		for _, e := range ahead[near:] {
 			t.wait = append(t.wait, e.name)
 		}
 		t.how = watchGone
-	default:
-		t.wait, t.how = []string{ahead[i-1].name}, watchChange
-	}
-	if len(t.wait) == 0 { // cannot happen: a reader is kept out by an exclusive node only
-		t.wait = []string{ahead[i-1].name}
 	}
 	return t
 }
 
-// watchTurn sets the watches t asks for (under parent), all in flight
-// together, and returns a channel that receives when one fires. ready
-// reports that there is nothing to wait for: a node to watch is gone
-// already, or (watchChange) the predecessor has announced its grant since
-// the listing, which its data version (> 0) tells. *seen is the version of
-// the last announce so taken for a wake-up: data that changes no further
-// (a version that a client other than dlock wrote, say) wakes the waiter
-// once, not in a loop. stop ends the channel's forwarding; call it once
-// done.
-func (d *Driver) watchTurn(ctx context.Context, parent string, t turn, seen *string) (ev <-chan zk.Event, stop func(), ready bool, err error) {
-	type watched struct {
-		ev   <-chan zk.Event
-		gone bool
-		err  error
+// watchTurn sets the watches t asks for (under parent) and returns a
+// channel that receives when one fires. ready reports that the node of a
+// data watch is gone already (a permit waiter's channel receives at once
+// then). stop ends the waiter's interest; call it once done.
+func (d *Driver) watchTurn(ctx context.Context, parent string, t turn) (ev <-chan zk.Event, stop func(), ready bool, err error) {
+	if t.how == watchGone {
+		ev, stop, err = d.watchGone(ctx, parent, t.wait)
+		return ev, stop, false, err
 	}
-	watch := func(name string) watched {
-		var (
-			ev   <-chan zk.Event
-			stat *zk.Stat
-		)
-		err := d.read(ctx, true, func() (err error) {
-			if t.how == watchGone {
-				_, stat, ev, err = d.conn.ChildrenW(parent + "/" + name)
-			} else {
-				_, stat, ev, err = d.conn.GetW(parent + "/" + name)
-			}
-			return err
-		})
-		// ev and stat are read only once the call has returned (not
-		// when ctx ended first: it may still be running).
-		switch {
-		case errors.Is(err, zk.ErrNoNode):
-			return watched{gone: true}
-		case err != nil:
-			return watched{err: err}
-		}
-		w := watched{ev: ev}
-		if t.how == watchChange && stat.Version > 0 {
-			// Announced: look again, once per version.
-			if v := name + "@" + strconv.Itoa(int(stat.Version)); v != *seen {
-				*seen = v
-				w.gone = true
-			}
-		}
-		return w
-	}
-	nop := func() {}
-	if len(t.wait) == 1 {
-		// The mutex's case: one watch, no goroutine.
-		w := watch(t.wait[0])
-		return w.ev, nop, w.gone, w.err
-	}
-	res := make([]watched, len(t.wait))
-	done := make(chan struct{}, len(t.wait))
-	for i, name := range t.wait {
-		if !d.bg.Go(func() {
-			defer func() { done <- struct{}{} }()
-			res[i] = watch(name)
-		}) {
-			return nil, nop, false, backend.ErrClosed
-		}
-	}
-	for range t.wait {
-		<-done
-	}
-	merged := make(chan zk.Event, 1)
-	quit := make(chan struct{})
-	for _, w := range res {
-		switch {
-		case w.err != nil:
-			close(quit)
-			return nil, nop, false, w.err
-		case w.gone:
-			ready = true
-		}
-	}
-	if ready {
-		close(quit)
-		return nil, nop, true, nil
-	}
-	for _, w := range res {
-		if !d.bg.Go(func() {
-			select {
-			case e := <-w.ev: // an event, or closed (the watch ended)
-				select {
-				case merged <- e:
-				default:
-				}
-			case <-quit:
-			}
-		}) {
-			close(quit)
-			return nil, nop, false, backend.ErrClosed
-		}
-	}
-	return merged, func() { close(quit) }, false, nil
-}
-
-// announce writes our node, a semaphore permit just granted, once (its
-// data unchanged, a new version) when the listing showed nodes behind it:
-// a waiter behind may have listed the queue before the grant, seen ours
-// waiting, and watch it for a change (judge). Only then, so an uncontended
-// permit costs what a mutex does. Our own loss watch is a child watch,
-// which a write does not fire. A write cut by a connection loss is sent
-// again (writing the same data twice is harmless).
-func (d *Driver) announce(ctx context.Context, queued bool, l *lease, k kind, t turn, data []byte) error {
-	if k.permits == 0 || !t.behind {
-		return nil
-	}
-	err := d.read(ctx, queued, func() error {
-		_, err := d.conn.Set(l.node, data, -1)
+	// The mutex's case: one data watch. GetW, not ExistsW: on a missing
+	// node ExistsW would leave a watch for its creation, which never
+	// comes. ev is read only once the call has returned (not when ctx
+	// ended first: it may still be running).
+	err = d.read(ctx, true, func() (err error) {
+		_, _, ev, err = d.conn.GetW(parent + "/" + t.wait[0])
 		return err
 	})
-	if errors.Is(err, zk.ErrNoNode) {
-		return errVanished
+	nop := func() {}
+	switch {
+	case errors.Is(err, zk.ErrNoNode):
+		return nil, nop, true, nil
+	case err != nil:
+		return nil, nop, false, err
 	}
-	if err != nil {
-		return unavailable("announcing the grant", err)
-	}
-	return nil
+	return ev, nop, false, nil
 }
 
-// errVanished: our lock node is gone while we acquire (the session
-// expired, or a client allowed to deleted it).
-var errVanished = errors.New("the lock node vanished (session expired?)")
+// goneWatch is the deletion watch of one lock node, shared by the permit
+// waiters of the Driver that wait for it: subs are their wake-up channels.
+type goneWatch struct {
+	subs map[chan zk.Event]struct{}
+}
+
+// watchGone watches the deletion of parent's children names for a permit
+// waiter, and returns a channel that receives when one of them is deleted
+// (or is gone already, or its watch ended: the session expired, the
+// Driver closed). The Driver keeps one watch per node (d.gone), set by the
+// first waiter that needs it (a child listing of the node, ChildrenW: it
+// fires on the node's deletion and not on a write of its data) and ended
+// by the session's event callback (goneEvent) when the server reports the
+// deletion. Every later waiter, and the same waiter looking again, joins
+// it without a request: the client library keeps a channel per watch set
+// until the node changes, so setting it at every look would pile channels
+// up on a long-held permit. The requests are in flight together. stop
+// ends the subscription.
+func (d *Driver) watchGone(ctx context.Context, parent string, names []string) (ev <-chan zk.Event, stop func(), err error) {
+	wake := make(chan zk.Event, 1)
+	ws := make([]*goneWatch, len(names))
+	var set []int // the watches this waiter sets
+	d.goneMu.Lock()
+	for i, name := range names {
+		path := parent + "/" + name
+		w := d.gone[path]
+		if w == nil {
+			w = &goneWatch{subs: make(map[chan zk.Event]struct{})}
+			d.gone[path] = w
+			set = append(set, i)
+		}
+		w.subs[wake] = struct{}{}
+		ws[i] = w
+	}
+	d.goneMu.Unlock()
+	stop = func() {
+		d.goneMu.Lock()
+		for _, w := range ws {
+			delete(w.subs, wake)
+		}
+		d.goneMu.Unlock()
+	}
+	errs := make([]error, len(set))
+	var wg sync.WaitGroup
+	for j, i := range set {
+		path := parent + "/" + names[i]
+		wg.Add(1)
+		if !d.bg.Go(func() {
+			defer wg.Done()
+			errs[j] = d.read(ctx, true, func() error {
+				_, _, _, err := d.conn.ChildrenW(path)
+				return err
+			})
+		}) {
+			wg.Done()
+			errs[j] = backend.ErrClosed
+		}
+	}
+	wg.Wait()
+	for j, i := range set {
+		switch e := errs[j]; {
+		case e == nil:
+		case errors.Is(e, zk.ErrNoNode):
+			// Gone already: its subscribers (us among them) look again.
+			d.fireGone(parent+"/"+names[i], ws[i])
+		default:
+			// Not known set: dropped, and its other subscribers look
+			// again (and set it themselves).
+			d.fireGone(parent+"/"+names[i], ws[i])
+			if err == nil {
+				err = e
+			}
+		}
+	}
+	if err != nil {
+		stop()
+		return nil, func() {}, err
+	}
+	return wake, stop, nil
+}
+
+// fireGone ends the deletion watch w of path (nil: whichever is
+// registered): it leaves the Driver's table and wakes its subscribers.
+func (d *Driver) fireGone(path string, w *goneWatch) {
+	d.goneMu.Lock()
+	defer d.goneMu.Unlock()
+	if w == nil {
+		w = d.gone[path]
+	}
+	if w != nil {
+		d.fireGoneLocked(path, w)
+	}
+}
+
+func (d *Driver) fireGoneLocked(path string, w *goneWatch) {
+	if d.gone[path] == w {
+		delete(d.gone, path)
+	}
+	for ch := range w.subs {
+		select {
+		case ch <- zk.Event{Type: zk.EventNodeDeleted, Path: path}:
+		default: // woken already
+		}
+	}
+	w.subs = nil // stop's deletes from a nil map are no-ops
+}
+
+// goneEvent is the part of the session's event callback that ends the
+// deletion watches: a node's deletion, a change of its children (which
+// uses the child watch up: no lock node of ours has children, but a
+// foreign node in the queue may), a watch the client library ended
+// (EventNotWatching: the session expired, or Close), the session's
+// expiry. A write of a node's data does not fire a child watch, and is
+// ignored. It runs in the client's receive loop, in the order of the
+// server's messages.
+func (d *Driver) goneEvent(ev zk.Event) {
+	switch {
+	case ev.Type == zk.EventNodeDeleted, ev.Type == zk.EventNodeChildrenChanged, ev.Type == zk.EventNotWatching:
+		d.fireGone(ev.Path, nil)
+	case ev.Type == zk.EventSession && ev.State == zk.StateExpired:
+		d.goneMu.Lock()
+		for path, w := range d.gone {
+			d.fireGoneLocked(path, w)
+		}
+		d.goneMu.Unlock()
+	}
+}

@@ -188,6 +188,11 @@ type Driver struct {
 	probeMu   sync.Mutex
 	nextProbe *probe // the probe that refreshes join, not sent yet
 	probing   bool   // runProbes is running
+
+	// The deletion watches that permit waiters share (see watchGone), by
+	// node path.
+	goneMu sync.Mutex
+	gone   map[string]*goneWatch
 }
 
 // New connects to the ensemble (servers are host:port), waits for a session,
@@ -272,7 +277,7 @@ func newDriver(ctx context.Context, servers []string, opts *Options, hooks *dial
 
 	d := &Driver{prefix: o.Prefix, servers: len(servers), tick: o.TickTime, log: log, acl: o.ACL,
 		linkDown: time.Now(), linkChanged: make(chan struct{}),
-		leases: make(map[string]*lease), wake: make(chan struct{}, 1)}
+		leases: make(map[string]*lease), wake: make(chan struct{}, 1), gone: make(map[string]*goneWatch)}
 	switch {
 	case len(d.acl) > 0:
 	case o.Auth != "":
@@ -308,6 +313,7 @@ func newDriver(ctx context.Context, servers []string, opts *Options, hooks *dial
 		}),
 		zk.WithEventCallback(func(ev zk.Event) {
 			d.onEvent(ev)
+			d.goneEvent(ev)
 			if ev.Type != zk.EventSession {
 				return
 			}
@@ -1154,15 +1160,13 @@ func (l *lease) grant() *lease {
 // TryAcquire joins the queue and, unless granted at once, leaves it: when
 // the lock is held, our node is deleted before TryAcquire returns (within
 // leaveTimeout; otherwise in the background). Two round trips when the lock
-// is free: the create, then the listing and the read of our node together
-// (a semaphore's permit granted with nodes queued behind it writes its node
-// once more, see announce). A shared request that finds a shared node of
-// another Permits ahead of it leaves too, and returns a *PermitsError.
+// is free: the create, then the listing and the read of our node together.
+// A shared request that finds the key held by shared leases of another
+// Permits leaves too, and returns a *PermitsError.
 func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
 	key, ttl, k := req.Key, req.TTL, kindOf(req)
 	parent := d.parent(key)
-	data := holderData(req.Holder)
-	node, err := d.create(ctx, parent, k.tag(), data)
+	node, err := d.create(ctx, parent, k.tag(), holderData(req.Holder))
 	if err != nil {
 		return nil, d.acquireErr(ctx, err)
 	}
@@ -1170,18 +1174,12 @@ func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.L
 	t, err := d.look(ctx, false, parent, l, k)
 	switch {
 	case err != nil:
-		err = unavailable("listing the queue", err)
-	case t.granted:
-		err = d.announce(ctx, false, l, k, t, data)
-	}
-	switch {
-	case errors.Is(err, errVanished), err == nil && !t.mine:
-		d.untrack(l)
-		return nil, fmt.Errorf("%w: zookeeper: %w", backend.ErrUnavailable, errVanished)
-	case err != nil:
 		d.untrack(l)
 		d.abandon(node)
-		return nil, d.acquireErr(ctx, err)
+		return nil, d.acquireErr(ctx, unavailable("listing the queue", err))
+	case !t.mine:
+		d.untrack(l)
+		return nil, fmt.Errorf("%w: zookeeper: the lock node vanished (session expired?)", backend.ErrUnavailable)
 	case t.mismatch != nil:
 		d.untrack(l)
 		d.leave(ctx, node)
@@ -1201,14 +1199,13 @@ func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.L
 // deleted in the background. Once its node exists, a waiter rides out
 // connection losses and rounds of the client that reach no server: only a
 // cut-off longer than the session timeout (plus cutOffMargin) ends its
-// wait (see await and again). A shared request that finds a shared node of
-// another Permits ahead of it leaves the queue (its node deleted before it
-// returns, as TryAcquire's) and returns a *PermitsError.
+// wait (see await and again). A shared request that finds the key held by
+// shared leases of another Permits leaves the queue (its node deleted
+// before it returns, as TryAcquire's) and returns a *PermitsError.
 func (d *Driver) Acquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
 	key, ttl, k := req.Key, req.TTL, kindOf(req)
 	parent := d.parent(key)
-	data := holderData(req.Holder)
-	node, err := d.create(ctx, parent, k.tag(), data)
+	node, err := d.create(ctx, parent, k.tag(), holderData(req.Holder))
 	if err != nil {
 		return nil, d.acquireErr(ctx, err)
 	}
@@ -1218,36 +1215,26 @@ func (d *Driver) Acquire(ctx context.Context, req backend.Request) (backend.Leas
 		d.abandon(node)
 		return nil, d.acquireErr(ctx, err)
 	}
-	vanished := func() (backend.Lease, error) {
-		d.untrack(l)
-		return nil, fmt.Errorf("%w: zookeeper: the waiter's node vanished while queued (session expired?)", backend.ErrUnavailable)
-	}
-	var seen string // see watchTurn
 	for {
 		t, err := d.look(ctx, true, parent, l, k)
 		switch {
 		case err != nil:
 			return fail(unavailable("listing the queue", err))
 		case !t.mine:
-			return vanished()
+			d.untrack(l)
+			return nil, fmt.Errorf("%w: zookeeper: the waiter's node vanished while queued (session expired?)", backend.ErrUnavailable)
 		case t.mismatch != nil:
 			d.untrack(l)
 			d.leave(ctx, node)
 			return nil, t.mismatch
 		case t.granted:
-			switch err := d.announce(ctx, true, l, k, t, data); {
-			case errors.Is(err, errVanished):
-				return vanished()
-			case err != nil:
-				return fail(err)
-			}
 			return l.grant(), nil
 		}
 		// Watches that a missing node cannot leave behind: GetW or
 		// ChildrenW, not ExistsW, which would wait for its creation.
-		ev, stop, ready, err := d.watchTurn(ctx, parent, t, &seen)
+		ev, stop, ready, err := d.watchTurn(ctx, parent, t)
 		if ready {
-			continue // gone already, or announced
+			continue // gone already
 		}
 		if err != nil {
 			return fail(unavailable("watching the queue", err))
@@ -1261,7 +1248,7 @@ func (d *Driver) Acquire(ctx context.Context, req backend.Request) (backend.Leas
 }
 
 // await waits for ev, the watch of a waiter (see watchTurn), to fire (a
-// node it watches was deleted or announced its grant, or the watch ended),
+// node it watches was deleted, or the watch ended),
 // until ctx ends or the session has been cut off for longer than its
 // timeout (plus cutOffMargin, see cutOff): a waiter that cannot know
 // whether its node still exists gives up with ErrUnavailable instead of

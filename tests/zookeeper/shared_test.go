@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -201,8 +202,8 @@ func TestSemaphoreNeverExceedsN(t *testing.T) {
 
 // TestSharedRoundTrips: an uncontended permit or reader costs what a
 // mutex does: TryAcquire takes two round trips (the create, then the
-// listing and the read of our node together), also beside other holders
-// when nothing is queued behind it (no announce), and Release one.
+// listing and the read of our node together), also beside other holders,
+// and Release one.
 func TestSharedRoundTrips(t *testing.T) {
 	srv := servers.ZooKeeper(t, 1).Servers()
 	fc := &frameCounter{delay: 200 * time.Millisecond}
@@ -305,8 +306,9 @@ func TestWaitingWriterBlocksReaders(t *testing.T) {
 }
 
 // TestPermitsMismatch: a shared acquire whose Permits differ from those of
-// the key's holders, or of a waiter queued ahead of it, fails at once with a
-// *PermitsError, without waiting, and leaves no node behind.
+// the key's holders fails at once with a *PermitsError, without waiting,
+// and leaves no node behind; one queued behind a waiter of other Permits
+// waits, and fails once that one holds.
 func TestPermitsMismatch(t *testing.T) {
 	t.Parallel()
 	srv := servers.ZooKeeper(t, 1).Servers()
@@ -344,13 +346,26 @@ func TestPermitsMismatch(t *testing.T) {
 	waitInspect(t, l1, key, 1, 1)
 	release(t, held)
 	wl := awaitGrant(t, w, "writer on a semaphore's key")
-	// A waiter ahead counts as much as a holder.
+	// A waiter ahead is no evidence: a permit of 5 behind a waiting
+	// permit of 2 waits with it, and fails once that one holds (woken by
+	// the writer's release).
 	sem := acquireShared(t.Context(), l1, key, permits(2))
 	waitInspect(t, l1, key, 1, 1)
-	_, err = l2.Acquire(ctx, key, permits(5))
-	check("Acquire of a permit of 5 behind a waiting permit of 2", err, 5, 2)
+	five := acquireShared(t.Context(), l2, key, permits(5))
+	waitInspect(t, l1, key, 1, 2)
+	notGranted(t, five, "a permit of 5 behind the writer and a waiting permit of 2")
 	release(t, wl)
-	release(t, awaitGrant(t, sem, "permit of 2 after the writer"))
+	sl := awaitGrant(t, sem, "permit of 2 after the writer")
+	select {
+	case r := <-five:
+		check("Acquire of a permit of 5 queued behind a permit of 2 granted since", r.err, 5, 2)
+	case <-time.After(sharedWait):
+		t.Fatalf("the permit of 5 still waits %v after a permit of 2 was granted ahead of it", sharedWait)
+	}
+	release(t, sl)
+	if kids, _, err := admin.Children(parent(key)); err != nil || len(kids) != 0 {
+		t.Errorf("queue after the last release: %v (%v), want it empty", kids, err)
+	}
 }
 
 // TestSharedTokensIncrease: every grant's token is larger than those of
@@ -495,7 +510,7 @@ func TestSharedWaiterCancelLeavesNothing(t *testing.T) {
 	}
 
 	// A semaphore of 1: the first waiter watches the holder, the second
-	// the first (for its announce); the first is cancelled.
+	// the first; the first is cancelled.
 	key := uniqueKey(t)
 	held, err := l1.Acquire(t.Context(), key, permits(1))
 	if err != nil {
@@ -596,10 +611,9 @@ func mntr(t *testing.T, addr string) map[string]int64 {
 // count): the requests it received, and the reads and writes under the
 // Lockers' prefix (a namespace of its own), separately for joining the
 // queue and for draining it. It runs with a hold of 1ms (grants overlap
-// little) and of 20ms (the permits are all held most of the time, and the
-// first waiter watches the four holders); with the longer hold, the
-// permits must overlap (a waiter granted wakes the next). It asserts no
-// speed.
+// little) and of 20ms (the permits are all held most of the time, and each
+// waiter watches the four nodes nearest ahead of it); with the longer hold,
+// the permits must overlap. It asserts no speed.
 func TestSemaphoreDrain(t *testing.T) {
 	t.Parallel()
 	const (
@@ -677,9 +691,9 @@ func TestSemaphoreDrain(t *testing.T) {
 		}
 		if hold >= 20*time.Millisecond && most.Load() < 2 {
 			// Not speed: a semaphore that never overlaps its permits
-			// is a mutex (seen with the announce of a grant left out:
-			// a waiter behind a waiting one then wakes only on its
-			// deletion).
+			// is a mutex (seen with the announce of a grant left out,
+			// when a waiter behind a waiting one relied on it: it then
+			// woke only on its predecessor's deletion).
 			t.Errorf("hold %v: the permits never overlapped (at most %d held at once)", hold, most.Load())
 		}
 		per := func(d int64) string { return strconv.FormatFloat(float64(d)/waiters, 'f', 2, 64) }
@@ -688,4 +702,297 @@ func TestSemaphoreDrain(t *testing.T) {
 		t.Logf("hold %v: drain: %d grants (at most %d at once) in %v (%.0f grants/s): per grant %s requests received by the server, %s reads and %s writes under %s",
 			hold, waiters, most.Load(), drained.Round(time.Millisecond), waiters/drained.Seconds(), per(recv2-recv1-1), per(reads2-reads1), per(writes2-writes1), opts.Prefix)
 	}
+}
+
+// TestPermitGrantWithoutWriteRight: identities with read, create and
+// delete on the lock nodes (no write), which docs/security.md and
+// Options.ACL say suffice, take permits of a semaphore of 1 one after the
+// other, each granted while another waits behind it: a grant writes
+// nothing. Before, the granted waiter rewrote its node to wake the one
+// behind it (setData), which bob may not do: his Acquire failed with
+// "announcing the grant: zk: not authenticated" and gave its node up.
+func TestPermitGrantWithoutWriteRight(t *testing.T) {
+	t.Parallel()
+	srv := servers.ZooKeeper(t, 1).Servers()
+	acl := append(zk.DigestACL(zk.PermAll, "alice", "secret-a"),
+		zk.ACL{Perms: zk.PermRead | zk.PermCreate | zk.PermDelete, Scheme: "digest", ID: "bob:" + digest("bob:secret-b")})
+	prefix := uniquePrefix()
+	as := func(auth string) *dlock.Locker {
+		return newLocker(t, srv, &zookeeper.Options{Prefix: prefix, Auth: auth, ACL: acl})
+	}
+	alice := as("alice:secret-a")
+	alice2, bob := as("alice:secret-a"), as("bob:secret-b")
+	key := uniqueKey(t)
+	held, err := alice.Acquire(t.Context(), key, permits(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := acquireShared(t.Context(), bob, key, permits(1))
+	waitInspect(t, alice, key, 1, 1)
+	a2 := acquireShared(t.Context(), alice2, key, permits(1))
+	waitInspect(t, alice, key, 1, 2)
+	release(t, held)
+	bl := awaitGrant(t, b, "bob's permit (read, create and delete only), granted with alice2 waiting behind him")
+	notGranted(t, a2, "alice2's permit while bob holds the only one")
+	release(t, bl)
+	al := awaitGrant(t, a2, "alice2's permit after bob's release")
+	if al.Token() <= bl.Token() {
+		t.Errorf("tokens: bob %d, alice2 %d after him; want them increasing", bl.Token(), al.Token())
+	}
+	release(t, al)
+}
+
+// TestPermitsMismatchOnlyWithHolders: a request with the wrong Permits is
+// in the queue for a moment before it leaves with its *PermitsError; the
+// requests with the right Permits that queue behind it meanwhile must not
+// take it for evidence. One holder of a permit of 2; a loop of
+// TryAcquire(Permits 3) (each refused: the holders hold permits of 2)
+// beside a loop of TryAcquire(Permits 2) and Release and a loop of
+// Acquire(Permits 2) and Release: the permits of 2 are granted, and never
+// refused with a PermitsError. Before, a permit of 3 waiting ahead counted
+// as a holder: hundreds of false PermitsErrors ("the key's holders hold a
+// permit of 3") in a few seconds.
+func TestPermitsMismatchOnlyWithHolders(t *testing.T) {
+	t.Parallel()
+	srv := servers.ZooKeeper(t, 1).Servers()
+	l1, l2, l3 := newLocker(t, srv, nil), newLocker(t, srv, nil), newLocker(t, srv, nil)
+	key := uniqueKey(t)
+	held, err := l1.Acquire(t.Context(), key, permits(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Second)
+	defer cancel()
+	var (
+		wg                          sync.WaitGroup
+		refused, tried, waited      atomic.Int32
+		falseTry, falseWait, others atomic.Int32
+		mu                          sync.Mutex
+		firstFalse                  error
+	)
+	noteFalse := func(n *atomic.Int32, err error) {
+		n.Add(1)
+		mu.Lock()
+		if firstFalse == nil {
+			firstFalse = err
+		}
+		mu.Unlock()
+	}
+	wg.Go(func() { // the wrong size
+		for ctx.Err() == nil {
+			_, err := l2.TryAcquire(ctx, key, permits(3))
+			var pe *dlock.PermitsError
+			switch {
+			case errors.As(err, &pe) && pe.Asked == 3 && pe.Held == 2:
+				refused.Add(1)
+			case ctx.Err() == nil:
+				t.Errorf("TryAcquire(Permits 3) with a permit of 2 held = %v, want a PermitsError (asked 3, held 2)", err)
+				return
+			}
+		}
+	})
+	cycle := func(le *dlock.Lease, err error, n, falses *atomic.Int32) bool {
+		var pe *dlock.PermitsError
+		switch {
+		case err == nil:
+			n.Add(1)
+			if err := le.Release(context.WithoutCancel(ctx)); err != nil {
+				others.Add(1)
+				t.Errorf("Release: %v", err)
+			}
+		case errors.As(err, &pe):
+			noteFalse(falses, err)
+		case ctx.Err() != nil:
+			return false
+		case !errors.Is(err, dlock.ErrNotAcquired):
+			others.Add(1)
+			t.Errorf("a permit of 2: %v", err)
+			return false
+		}
+		return true
+	}
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			le, err := l3.TryAcquire(ctx, key, permits(2))
+			if !cycle(le, err, &tried, &falseTry) {
+				return
+			}
+		}
+	})
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			le, err := l1.Acquire(ctx, key, permits(2))
+			if !cycle(le, err, &waited, &falseWait) {
+				return
+			}
+		}
+	})
+	wg.Wait()
+	release(t, held)
+	t.Logf("in 4s: %d permits of 3 refused; permits of 2 granted: %d by TryAcquire, %d by Acquire; false PermitsErrors: %d and %d",
+		refused.Load(), tried.Load(), waited.Load(), falseTry.Load(), falseWait.Load())
+	if falseTry.Load()+falseWait.Load() > 0 {
+		t.Errorf("%d TryAcquire and %d Acquire of a permit of 2, with permits of 2 held, failed with a PermitsError (first: %v)",
+			falseTry.Load(), falseWait.Load(), firstFalse)
+	}
+	if refused.Load() == 0 || tried.Load() == 0 || waited.Load() == 0 {
+		t.Errorf("the loops did not all run: %d refused, %d and %d granted", refused.Load(), tried.Load(), waited.Load())
+	}
+}
+
+// TestStalledPermitWaiterBlocksNobody: a permit waiter whose process
+// stalls (here its connection is cut, and it cannot reconnect: to the
+// server it is a client that says nothing until its session times out) is
+// granted by the rule when the holders release, but cannot act on it; the
+// healthy waiters behind it must be granted the free permits at once, not
+// once its session has expired. Semaphore of 3, three holders, the stalled
+// waiter (12s session) first in line, two healthy waiters behind it. Before,
+// each waiter behind another waited for its predecessor to announce its
+// grant (a write the stalled one never made): the two were granted about
+// 11.5s after the release.
+func TestStalledPermitWaiterBlocksNobody(t *testing.T) {
+	t.Parallel()
+	const session = 12 * time.Second
+	srv := servers.ZooKeeper(t, 1).Servers()
+	h, a, b := newLocker(t, srv, nil), newLocker(t, srv, nil), newLocker(t, srv, nil)
+	cut := &cutter{}
+	x := newLocker(t, srv, &zookeeper.Options{SessionTimeout: session, Dialer: cut.dial})
+	key := uniqueKey(t)
+	var holders []*dlock.Lease
+	for range 3 {
+		le, err := h.TryAcquire(t.Context(), key, permits(3))
+		if err != nil {
+			t.Fatal(err)
+		}
+		holders = append(holders, le)
+	}
+	xctx, xcancel := context.WithCancel(t.Context())
+	defer xcancel()
+	acquireShared(xctx, x, key, permits(3))
+	waitInspect(t, h, key, 3, 1)
+	ag := acquireShared(t.Context(), a, key, permits(3))
+	waitInspect(t, h, key, 3, 2)
+	bg := acquireShared(t.Context(), b, key, permits(3))
+	waitInspect(t, h, key, 3, 3)
+	time.Sleep(200 * time.Millisecond) // the waiters' watches are set
+	cut.partition(true)                // the first waiter stalls; its node lives until its session expires
+	start := time.Now()
+	release(t, holders...)
+	al := awaitGrant(t, ag, "the second waiter")
+	bl := awaitGrant(t, bg, "the third waiter")
+	took := time.Since(start)
+	t.Logf("the two healthy waiters behind the stalled one were granted %v after the holders' release (its session: %v)", took.Round(time.Millisecond), session)
+	if took > session/3 {
+		t.Errorf("the healthy waiters were granted %v after the release: they waited for the stalled waiter's session (%v) to expire", took.Round(time.Millisecond), session)
+	}
+	release(t, al, bl)
+}
+
+// watchCounter is a zk.Dialer that counts, per path, the child listings
+// with a watch (getChildren2, watch set) that the client sends: the
+// watches a waiter sets on the nodes it waits for.
+type watchCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (w *watchCounter) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	c, err := net.DialTimeout(network, addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return &watchConn{Conn: c, w: w}, nil
+}
+
+func (w *watchCounter) count(path string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n[path]
+}
+
+type watchConn struct {
+	net.Conn
+	w   *watchCounter
+	out []byte
+}
+
+func (c *watchConn) Write(p []byte) (int, error) {
+	c.out = frames(append(c.out, p...), func(body []byte) {
+		// xid, type, then the path (length, bytes) and the watch flag.
+		if len(body) < 12 || int32(binary.BigEndian.Uint32(body[4:8])) != opGetChildren2 {
+			return
+		}
+		n := int(binary.BigEndian.Uint32(body[8:12]))
+		if n < 0 || len(body) < 12+n+1 || body[12+n] == 0 {
+			return
+		}
+		c.w.mu.Lock()
+		c.w.n[string(body[12:12+n])]++
+		c.w.mu.Unlock()
+	})
+	return c.Conn.Write(p)
+}
+
+// TestPermitWaitersWatchEachHolderOnce: a waiter watches the holders it
+// waits for; a Locker sets one watch per holder node however often its
+// waiters wait for it (the client library keeps a channel per watch set
+// until the node changes, so watches set again and again on a long-held
+// permit pile up). A semaphore of 8: one Locker holds 7 permits for the
+// whole test; on another, two goroutines take the eighth in turn, 40 times
+// each, each waiting for it while the other holds it. Each long-held
+// holder node must have been watched at most once by the second Locker.
+// Before, the first waiter set a watch on every holder at every look: about
+// one per wait on each of the 7 nodes.
+func TestPermitWaitersWatchEachHolderOnce(t *testing.T) {
+	t.Parallel()
+	const (
+		n      = 8
+		rounds = 40
+	)
+	srv := servers.ZooKeeper(t, 1).Servers()
+	admin := adminConn(t, srv)
+	h := newLocker(t, srv, nil)
+	wc := &watchCounter{n: map[string]int{}}
+	w := newLocker(t, srv, &zookeeper.Options{Dialer: wc.dial})
+	key := uniqueKey(t)
+	var long []*dlock.Lease
+	for range n - 1 {
+		le, err := h.TryAcquire(t.Context(), key, permits(n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		long = append(long, le)
+	}
+	kids := waitQueue(t, admin, key, n-1)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for range rounds {
+				le, err := w.Acquire(ctx, key, permits(n))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				time.Sleep(2 * time.Millisecond)
+				if err := le.Release(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var counts []int
+	for _, k := range kids {
+		counts = append(counts, wc.count(parent(key)+"/"+k))
+	}
+	t.Logf("watches the second Locker set on each long-held holder over %d grants: %v", 2*rounds, counts)
+	for i, c := range counts {
+		if c > 1 {
+			t.Errorf("holder %d (%s) watched %d times by one Locker, want at most once", i, kids[i], c)
+		}
+	}
+	release(t, long...)
 }
