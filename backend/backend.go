@@ -274,11 +274,15 @@ type Request struct {
 // every moment, either at most one valid exclusive lease, or only shared
 // leases, all of one Permits, at most Permits of them when Permits > 0.
 // In detail:
-//   - A shared request on a key whose shared holders (or, on a backend
-//     with a queue, waiters ahead of it) asked for another Permits fails
-//     at once with a *[PermitsError]; it neither waits nor takes
-//     anything. An exclusive request on a semaphore's key is allowed: it
-//     waits for every permit to be given back, like a writer.
+//   - A shared request on a key whose shared holders asked for another
+//     Permits fails at once with a *[PermitsError]; it neither waits nor
+//     takes anything (it may have joined a queue for a moment). On a
+//     backend with a queue, a waiter ahead of it with another Permits is
+//     no evidence (it is about to fail, or it will be a holder): the
+//     request waits behind it, and it is never granted beside it (a
+//     TryAcquire then reports [ErrNotAcquired]). An exclusive request on
+//     a semaphore's key is allowed: it waits for every permit to be given
+//     back, like a writer.
 //   - Writers are not starved: a shared request is not granted while an
 //     exclusive one waits for the key (on a [Queuer], an exclusive waiter
 //     queued ahead of it; on other backends, an exclusive attempt of a
