@@ -15,7 +15,6 @@ import (
 	"github.com/dlock-go/dlock/conformance/check"
 	"github.com/dlock-go/dlock/etcd"
 	"github.com/dlock-go/dlock/internal/redisx/redisscript"
-	"github.com/dlock-go/dlock/redis"
 	"github.com/dlock-go/dlock/redlock"
 	"github.com/dlock-go/dlock/zookeeper"
 )
@@ -67,7 +66,9 @@ func newAuditor(t *testing.T, b *backend, d *deployment) *auditor {
 // from the one the client keeps alive) must last until the Deadline:
 // TimeToLive's remaining TTL is whole seconds, rounded down, counted
 // before its answer came back, so the lease ends before that answer plus
-// TTL+1 s.
+// TTL+1 s. A shared lease (issue 24) has an entry of its own in the key's
+// queue (its key under the lock's directory, its create revision the
+// token), audited the same way.
 func etcdAuditor(admin *clientv3.Client) *auditor {
 	get := func(ctx context.Context, le *check.Lease) (*clientv3.GetResponse, etcd.Ownership, error) {
 		own, ok := etcd.OwnerOf(le.Lease)
@@ -138,31 +139,48 @@ func redisLock(ctx context.Context, c *goredis.Client, prefix, key string) (pttl
 	return pttl, counter, err
 }
 
-// redisAuditor: the lock key must be there with the lease's token as the
-// fencing counter (no grant since), and its PTTL must cover the Deadline.
+// redisAuditor: an exclusive lease's lock key must be there with the
+// lease's token as the fencing counter (no grant since), and its PTTL must
+// cover the Deadline; a shared lease (issue 24) must be among the key's
+// shared holders (found by its token in their tokens hash), its score (its
+// expiry on the server clock) covering the Deadline. The key's state is
+// read in one script (redisState), whichever way it is held.
 func redisAuditor(c *goredis.Client) *auditor {
 	return &auditor{
 		held: func(ctx context.Context, le *check.Lease, dl time.Time) (string, error) {
-			pttl, counter, err := redisLock(ctx, c, redis.DefaultPrefix, le.Key())
+			st, err := redisState(ctx, c, le.Key(), le.Token())
 			done := time.Now()
 			switch {
 			case err != nil:
 				return "", err
-			case pttl < 0 || counter != uint64(le.Token()):
-				return fmt.Sprintf("its lock key is gone (PTTL %d, fencing counter %d)", pttl, counter), nil
-			case dl.After(done.Add(time.Duration(pttl)*time.Millisecond + auditSlack)):
+			case st.kind == 3:
+				return "its lock is gone (the key is reserved for a waiting writer, no holder)", nil
+			case st.kind == 1:
+				return fmt.Sprintf("its lock is gone (the key is held by shared leases, none with token %d)", le.Token()), nil
+			case st.kind == 2 && st.left <= 0:
+				return fmt.Sprintf("its lock is gone (its shared holder's score passed %v ago)", -st.left), nil
+			case st.kind == 2 && dl.After(done.Add(st.left+auditSlack)):
+				return fmt.Sprintf("its shared holder's score is %v ahead: the Deadline is %v past the server's expiry",
+					st.left, dl.Sub(done.Add(st.left)).Round(time.Millisecond)), nil
+			case st.kind == 2:
+				return "", nil
+			case st.pttl < 0 || st.counter != uint64(le.Token()):
+				return fmt.Sprintf("its lock key is gone (PTTL %d, fencing counter %d)", st.pttl, st.counter), nil
+			case dl.After(done.Add(time.Duration(st.pttl)*time.Millisecond + auditSlack)):
 				return fmt.Sprintf("the lock key's PTTL is %dms: the Deadline is %v past the server's expiry",
-					pttl, dl.Sub(done.Add(time.Duration(pttl)*time.Millisecond)).Round(time.Millisecond)), nil
+					st.pttl, dl.Sub(done.Add(time.Duration(st.pttl)*time.Millisecond)).Round(time.Millisecond)), nil
 			}
 			return "", nil
 		},
 		released: func(ctx context.Context, le *check.Lease) (string, error) {
-			pttl, counter, err := redisLock(ctx, c, redis.DefaultPrefix, le.Key())
-			if err != nil {
+			st, err := redisState(ctx, c, le.Key(), le.Token())
+			switch {
+			case err != nil:
 				return "", err
-			}
-			if pttl >= 0 && counter == uint64(le.Token()) {
-				return fmt.Sprintf("its lock key is still there (PTTL %dms, no grant since)", pttl), nil
+			case st.kind == 2 && st.left > 0:
+				return fmt.Sprintf("it is still among the key's shared holders (%v left)", st.left), nil
+			case st.kind == 0 && st.pttl >= 0 && st.counter == uint64(le.Token()):
+				return fmt.Sprintf("its lock key is still there (PTTL %dms, no grant since)", st.pttl), nil
 			}
 			return "", nil
 		},
@@ -202,7 +220,9 @@ func redlockAuditor(cs []*goredis.Client) *auditor {
 
 // zkAuditor: the lock node (the child of the key's node whose czxid is the
 // lease's token) must be there. The session's expiry is not checked: a
-// ZooKeeper server does not tell when it will expire a session.
+// ZooKeeper server does not tell when it will expire a session. A shared
+// lease (issue 24) has a node of its own in the key's queue, found the
+// same way.
 func zkAuditor(conn *zk.Conn) *auditor {
 	find := func(le *check.Lease) (string, bool, error) {
 		parent := zookeeper.DefaultPrefix + "/" + le.Key()

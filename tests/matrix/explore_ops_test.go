@@ -46,6 +46,14 @@ type explorer struct {
 	audit          *auditor
 	clients        []*xclient
 	nemesisServers bool // server faults (kill, pause) are drawn
+	// shares are the keys that may also be taken shared, and how (see
+	// explore_shared_test.go); empty on a backend without shared leases.
+	shares map[string]xshare
+	// expire drops a key's lock as an expiry would (the deployment's
+	// expire; on Redis, every shared holder's too): whether it dropped
+	// any, and the tokens of the leases it dropped (a 0 where it cannot
+	// tell).
+	expire func(ctx context.Context, key string) (bool, []dlock.Token, error)
 	// resets: faults may reset a client's connections (Cut, FailNext,
 	// a server killed, a cut-off long enough for the client to
 	// reconnect). Not on ZooKeeper: the go-zookeeper client (v1.0.4)
@@ -63,6 +71,7 @@ type explorer struct {
 	findings []finding
 	crashes  []time.Time          // server kills, for admits
 	expires  []keyWindow          // locks the explorer dropped
+	probes   []keyWindow          // permits mismatches asked (see mismatch)
 	sfaults  []window             // server faults
 	cfaults  map[string][]window  // faults on a client's proxies, by client
 	leases   map[int]exploreLease // by the ID of the granting acquire
@@ -95,18 +104,22 @@ type exploreLease struct {
 	// unknown: a Refresh failed with an unknown outcome
 	unknown bool
 	granted time.Time // when the grant was recorded
+	share   xshare    // how the key was taken
 }
 
 // granted records a grant.
-func (x *explorer) granted(le *check.Lease, asked time.Duration, auto bool) {
+func (x *explorer) granted(le *check.Lease, asked time.Duration, auto bool, sh xshare) {
 	x.add("grant")
+	if sh.shared {
+		x.add("grant shared (" + sh.String() + ")")
+	}
 	var id clientv3.LeaseID
 	if own, ok := etcd.OwnerOf(le.Lease); ok {
 		id = own.Lease
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.leases[le.ID()] = exploreLease{asked: asked, auto: auto, etcd: id, granted: time.Now()}
+	x.leases[le.ID()] = exploreLease{asked: asked, auto: auto, etcd: id, granted: time.Now(), share: sh}
 }
 
 // refreshed records the outcome of a Refresh of le to ttl, invoked at
@@ -221,6 +234,17 @@ func newExplorer(t *testing.T, e *env, seed uint64) *explorer {
 	}
 	x.maxTTL = x.ttls[len(x.ttls)-1]
 	x.autoMin = min(x.autoMin, x.maxTTL)
+	x.setShares()
+	x.expire = func(ctx context.Context, key string) (bool, []dlock.Token, error) {
+		dropped, tok, err := d.expire(ctx, key)
+		return dropped, []dlock.Token{tok}, err
+	}
+	if e.b.name == bRedis && x.g.Shared {
+		// The deployment's expire deletes the lock key only, and names
+		// the last grant's token: of shared holders, it would drop them
+		// all and name one (or none of them).
+		x.expire = redisExpireShared(t, d.servers[0])
+	}
 	return x
 }
 
@@ -245,11 +269,16 @@ func (x *explorer) run(budget time.Duration) {
 	}
 }
 
-// find records a finding.
+// find records a finding (about lease, the ID of its acquire; 0 for
+// none), naming the lease's share when it is a shared one.
 func (x *explorer) find(lease int, from, to time.Time, kind, format string, args ...any) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.findings = append(x.findings, finding{lease: lease, from: from, to: to, kind: kind, what: fmt.Sprintf(format, args...)})
+	what := fmt.Sprintf(format, args...)
+	if sh := x.leases[lease].share; sh.shared {
+		what += " [the lease: a " + sh.String() + "]"
+	}
+	x.findings = append(x.findings, finding{lease: lease, from: from, to: to, kind: kind, what: what})
 }
 
 // The kinds of finding.
@@ -375,15 +404,19 @@ func (c *xclient) loop() {
 
 // acquire takes key for ttl (Acquire if wait, else TryAcquire) and checks
 // the grant.
-func (c *xclient) acquire(l *dlock.Locker, key string, ttl time.Duration, auto, wait bool, within time.Duration) *check.Lease {
+func (c *xclient) acquire(l *dlock.Locker, key string, ttl time.Duration, auto, wait bool, within time.Duration, sh xshare) *check.Lease {
 	x := c.x
 	ctx, cancel := context.WithTimeout(x.t.Context(), within)
 	defer cancel()
-	o := &dlock.AcquireOptions{TTL: ttl, AutoRefresh: auto, MaxHold: time.Hour}
+	o := sh.options(ttl, auto)
 	var (
 		le  *check.Lease
 		err error
 	)
+	if sh.shared {
+		x.add("op acquire shared")
+	}
+	start := time.Now()
 	if wait {
 		x.add("op acquire")
 		le, err = x.e.h.Acquire(ctx, c.name, l, key, o)
@@ -392,9 +425,15 @@ func (c *xclient) acquire(l *dlock.Locker, key string, ttl time.Duration, auto, 
 		le, err = x.e.h.TryAcquire(ctx, c.name, l, key, o)
 	}
 	if err != nil {
+		var pe *dlock.PermitsError
+		if errors.As(err, &pe) && !x.probing(key, start, time.Now()) {
+			// Every acquire of the key asks for its one Permits; the
+			// mismatches are asked on purpose elsewhere (mismatch).
+			x.find(0, start, time.Now(), kindMismatchSpurious, "acquire (%s, key %q) of a %v failed with a PermitsError, though every request on the key asks for that, and no mismatch was asked meanwhile: %v", c.name, key, sh, err)
+		}
 		return nil
 	}
-	x.granted(le, ttl, auto)
+	x.granted(le, ttl, auto, sh)
 	if x.carried(le.ID()) != "" {
 		x.add("grant on an etcd lease whose Release failed before")
 	}
@@ -420,6 +459,9 @@ func (c *xclient) auditLease(le *check.Lease, asked time.Duration) {
 	defer cancel()
 	x.add("audit")
 	problem, err := x.audit.held(ctx, le, dl)
+	if err != nil {
+		x.add("audit unanswered") // the servers could not say (a fault); counted so that a broken probe shows
+	}
 	if err != nil || problem == "" {
 		return
 	}
@@ -449,7 +491,8 @@ func (c *xclient) hold(l *dlock.Locker, key string, ttl time.Duration, long bool
 	x := c.x
 	auto := ttl >= x.autoMin && (long || c.rng.IntN(2) == 0)
 	wait := c.rng.IntN(3) > 0
-	le := c.acquire(l, key, ttl, auto, wait, time.Duration(1+c.rng.IntN(10))*time.Second)
+	sh := c.shareFor(key)
+	le := c.acquire(l, key, ttl, auto, wait, time.Duration(1+c.rng.IntN(10))*time.Second, sh)
 	if le == nil {
 		return
 	}
@@ -492,6 +535,10 @@ func (c *xclient) hold(l *dlock.Locker, key string, ttl time.Duration, long bool
 			if !extended {
 				end, extended = latest(end, time.Now().Add(other+ttl+time.Second)), true
 			}
+		case r < 9+lost && sh.shared && c.rng.IntN(8) == 0:
+			c.mismatch(le, sh)
+		case r < 9+lost && sh.shared:
+			c.sharedCritical(le, sh, time.Duration(c.rng.IntN(50))*time.Millisecond)
 		case r < 9+lost:
 			x.regs[key].Update(ctx, le, time.Duration(c.rng.IntN(50))*time.Millisecond)
 		default:
@@ -757,6 +804,9 @@ func (c *xclient) auditReleased(le *check.Lease) {
 	start := time.Now()
 	x.add("audit")
 	problem, err := x.audit.released(ctx, le)
+	if err != nil {
+		x.add("audit unanswered") // the servers could not say (a fault); counted so that a broken probe shows
+	}
 	if err != nil || problem == "" {
 		return
 	}
@@ -775,11 +825,16 @@ func (c *xclient) burst() {
 	l := c.locker()
 	ctx := x.t.Context()
 	for i := 0; i < n && time.Now().Before(x.end) && ctx.Err() == nil; i++ {
-		le := c.acquire(l, key, ttl, false, c.rng.IntN(2) == 0, 2*time.Second)
+		sh := c.shareFor(key)
+		le := c.acquire(l, key, ttl, false, c.rng.IntN(2) == 0, 2*time.Second, sh)
 		if le == nil {
 			continue
 		}
-		x.regs[key].Update(ctx, le, 0)
+		if sh.shared {
+			c.sharedCritical(le, sh, 0)
+		} else {
+			x.regs[key].Update(ctx, le, 0)
+		}
 		x.add("op release")
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		err := le.Release(rctx)
@@ -800,6 +855,7 @@ func (c *xclient) closeDuring() {
 	auto := ttl >= x.autoMin && c.rng.IntN(2) == 0
 	hold := time.Duration(c.rng.IntN(500)) * time.Millisecond
 	after := time.Duration(c.rng.IntN(400)) * time.Millisecond
+	sh := c.shareFor(key)
 	var (
 		wg   sync.WaitGroup
 		held *check.Lease // granted in the goroutine; read after wg.Wait
@@ -808,13 +864,17 @@ func (c *xclient) closeDuring() {
 		ctx, cancel := context.WithTimeout(x.t.Context(), 5*time.Second)
 		defer cancel()
 		x.add("op acquire")
-		le, err := x.e.h.Acquire(ctx, c.name, l, key, &dlock.AcquireOptions{TTL: ttl, AutoRefresh: auto, MaxHold: time.Hour})
+		le, err := x.e.h.Acquire(ctx, c.name, l, key, sh.options(ttl, auto))
 		if err != nil {
 			return
 		}
 		held = le
-		x.granted(le, ttl, auto)
-		x.regs[key].Update(ctx, le, hold)
+		x.granted(le, ttl, auto, sh)
+		if sh.shared {
+			c.sharedCritical(le, sh, hold)
+		} else {
+			x.regs[key].Update(ctx, le, hold)
+		}
 		x.add("op release")
 		_ = le.Release(ctx)
 	})
@@ -868,14 +928,16 @@ func (x *explorer) nemesis() {
 			x.add("fault lock dropped")
 			start := time.Now()
 			ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			dropped, tok, err := d.expire(ectx, key)
+			dropped, toks, err := x.expire(ectx, key)
 			cancel()
 			end := time.Now()
 			x.mu.Lock()
 			x.expires = append(x.expires, keyWindow{key, window{start, end}})
 			x.mu.Unlock()
 			if err == nil && dropped {
-				x.e.h.Expire(key, tok, start, end)
+				for _, tok := range toks {
+					x.e.h.Expire(key, tok, start, end)
+				}
 			} else if err != nil {
 				// It may have dropped one: assume it did.
 				x.e.h.Expire(key, 0, start, end)

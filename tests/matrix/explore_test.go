@@ -47,6 +47,14 @@ import (
 // by the backend, or the key found gone) unless the explorer dropped its
 // lock, nor an auto-refreshed one while no fault was injected.
 //
+// On a backend that serves shared leases (Guarantees.Shared: Redis, etcd,
+// ZooKeeper), some keys are semaphores or read-write locks as well
+// (explore_shared_test.go): operations on them draw a shared acquire or
+// the writer's exclusive one, shared holders do not write the register,
+// the checker's permit count judges them, every audit above applies to
+// them, and a holder now and then asks for its key with another Permits,
+// which must fail at once with a *dlock.PermitsError.
+//
 // An auto-refreshed lease is also refreshed by hand, to shorter and
 // longer TTLs than asked: the watchdog must follow (an early version of
 // this explorer left that out, as the library then lost such leases and
@@ -263,6 +271,9 @@ func (x *explorer) explain(ops []check.Op, from, to time.Time, leases ...int) st
 		switch {
 		case op.Kind == check.Acquire:
 			line += fmt.Sprintf(" token %d TTL %v Deadline %s err %v", op.Token, op.TTL, at(op.Deadline), op.Err)
+			if op.Shared {
+				line += " " + xshare{shared: true, permits: op.Permits}.String()
+			}
 		case op.Kind == check.Fault:
 			line += " " + op.Name
 		case op.Kind == check.Expire:
