@@ -277,10 +277,11 @@ type Request struct {
 //   - A shared request on a key whose shared holders asked for another
 //     Permits fails at once with a *[PermitsError]; it neither waits nor
 //     takes anything (it may have joined a queue for a moment). On a
-//     backend with a queue, a waiter ahead of it with another Permits is
-//     no evidence (it is about to fail, or it will be a holder): the
-//     request waits behind it, and it is never granted beside it (a
-//     TryAcquire then reports [ErrNotAcquired]). An exclusive request on
+//     backend with a queue, a waiter ahead of it with another Permits
+//     (about to fail, or to be a holder) makes the request either fail
+//     with a *[PermitsError] or wait behind it (each backend says which),
+//     never be granted beside it; a TryAcquire that waits for nothing
+//     else reports [ErrNotAcquired]. An exclusive request on
 //     a semaphore's key is allowed: it waits for every permit to be given
 //     back, like a writer.
 //   - Writers are not starved: a shared request is not granted while an
