@@ -205,7 +205,13 @@
 // waiter's own join, first read and release (TestSemaphoreDrain logs it
 // from the server's metrics). The price is that a semaphore's waiters
 // move up one at a time: a waiter is granted after its predecessor's read
-// and write, not at the same time. A reader's wake-up (a delete) comes
+// and write, not at the same time; and a waiter granted after waiting
+// whose process stalls before that write (a GC pause, a stopped VM, a
+// crash) holds back the waiters behind it, free permits or not, until its
+// write comes or its lease runs out (at most its TTL once its keepalives
+// stop): a known limitation of this scheme, not a safety issue (the
+// ZooKeeper backend, whose waiters watch the n entries nearest ahead
+// instead, has no such stall). A reader's wake-up (a delete) comes
 // from the Driver's prefix watch, as a mutex waiter's does. That watch
 // carries deletes only, so that exclusive locks pay for no puts; a
 // semaphore's waiter may wait for a write, so a Driver's semaphore waiters
