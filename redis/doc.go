@@ -309,11 +309,13 @@
 // (dlock: here), the commands the backend sends and those its Lua scripts
 // call (Redis checks those too):
 //
-//	ACL SETUSER locker reset on >pw ~dlock:* &dlock:* +evalsha +eval +script|load +get +set +del +append +incr +pexpire +pexpireat +pttl +time +zadd +zrem +zscore +zrange +zcard +hset +hget +hdel +publish +subscribe +unsubscribe +ping +config|get
+//	ACL SETUSER locker reset on >pw ~dlock:* &dlock:* +evalsha +eval +script|load +get +getrange +strlen +set +del +append +incr +pexpire +pexpireat +pttl +time +zadd +zrem +zscore +zrange +zcard +hset +hget +hgetall +hdel +publish +subscribe +unsubscribe +ping +config|get
 //
 // (the sorted-set and hash commands and PEXPIREAT are those of the
 // shared-lease scripts, see Shared leases; they are checked whether or not
-// the program takes shared leases), plus +wait with WaitReplicas
+// the program takes shared leases; GETRANGE, STRLEN and HGETALL are those
+// of [Driver.Inspect], which reads a lock in one script, so needs neither
+// MULTI nor EXEC), plus +wait with WaitReplicas
 // (wait_replicas), and less +config|get with
 // EvictionCheck warn or ignore. Mind the channels (&dlock:*): Redis 7
 // gives a new user none, and without them waiters are never woken by a

@@ -10,8 +10,10 @@ import (
 var _ backend.Inspector = (*Driver)(nil)
 
 // Inspect implements backend.Inspector: it reads the lock key's existence
-// and PTTL, the key's fencing counter, the server clock and, for a key
-// held by shared leases, its holders and their tokens, in one MULTI/EXEC,
+// and PTTL, the key's fencing counter and, for a key held by shared
+// leases, the server clock, its holders and their tokens, in one script
+// (EVALSHA of a read-only script, atomic as a MULTI/EXEC, and needing no
+// right to MULTI or EXEC: see the package documentation, Permissions),
 // writing nothing, and at most a bounded prefix of each value (enough for
 // any value a grant writes; a large value planted under the prefix is not
 // read whole; the key is reported held, it blocks every acquire, with

@@ -92,6 +92,10 @@ func TestACLRefusedAtOpen(t *testing.T) {
 		{"+zrange", []string{"may not run ZRANGE", "+zrange"}},
 		{"+hdel", []string{"may not run HDEL", "+hdel"}},
 		{"+pexpireat", []string{"may not run PEXPIREAT", "+pexpireat"}},
+		// Inspect's (issue 24).
+		{"+getrange", []string{"may not run GETRANGE", "+getrange"}},
+		{"+strlen", []string{"may not run STRLEN", "+strlen"}},
+		{"+hgetall", []string{"may not run HGETALL", "+hgetall"}},
 	} {
 		t.Run("without "+tc.drop, func(t *testing.T) {
 			t.Parallel()
@@ -187,6 +191,75 @@ func TestACLLeastRights(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the waiter was not woken by the release within 10s (its fallback poll is 30s)")
 	}
+}
+
+// TestACLInspect: a user with exactly the documented rights can Inspect
+// every kind of key: free, held by a writer, by readers, by a semaphore's
+// permits, and reserved for a waiting writer (Election on Redis polls
+// Inspect, dlock inspect calls it). Inspect used MULTI/EXEC, HGETALL and
+// more that the documented line did not grant: NOPERM.
+func TestACLInspect(t *testing.T) {
+	t.Parallel()
+	_, c := aclUser(t, leastRights(t, userName(t)))
+	lk, err := redis.New(t.Context(), c, &redis.Options{Locker: &dlock.Options{TTL: time.Minute}})
+	if err != nil {
+		t.Fatalf("New with the documented least rights: %v", err)
+	}
+	defer lk.Close()
+	ctx := t.Context()
+	check := func(what, key string, held, shared bool, holders int) {
+		t.Helper()
+		info, err := lk.Inspect(ctx, key)
+		if err != nil {
+			t.Fatalf("Inspect of %s with the documented least rights: %v", what, err)
+		}
+		if info.Held != held || info.Shared != shared || len(info.Holders) != holders {
+			t.Errorf("Inspect of %s: %+v; want held %v, shared %v, %d holders", what, info, held, shared, holders)
+		}
+	}
+	check("a free key", uniqueKey(t), false, false, 0)
+
+	w := uniqueKey(t)
+	wl, err := lk.TryAcquire(ctx, w, &dlock.AcquireOptions{Holder: "writer"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("a writer's key", w, true, false, 1)
+	if info, _ := lk.Inspect(ctx, w); info.Token != wl.Token() || info.Holder != "writer" {
+		t.Errorf("Inspect of a writer's key: token %d, holder %q; want %d, %q", info.Token, info.Holder, wl.Token(), "writer")
+	}
+
+	r := uniqueKey(t)
+	for range 2 {
+		if _, err := lk.TryAcquire(ctx, r, &dlock.AcquireOptions{Shared: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("two readers' key", r, true, true, 2)
+
+	p := uniqueKey(t)
+	for range 3 {
+		if _, err := lk.TryAcquire(ctx, p, &dlock.AcquireOptions{Permits: 3}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("a full semaphore", p, true, true, 3)
+
+	// A reservation: a waiting writer's attempt, then the reader's release.
+	d := newDriver(t, c, nil)
+	q := uniqueKey(t)
+	rl, err := d.TryAcquire(ctx, backend.Request{Key: q, TTL: time.Minute, Shared: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held *backend.HeldError
+	if _, err := d.TryAcquire(ctx, backend.Request{Key: q, TTL: time.Minute, Wait: time.Minute}); !errors.As(err, &held) {
+		t.Fatalf("a waiting writer's attempt: %v, want a HeldError", err)
+	}
+	if err := rl.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check("a key reserved for a writer", q, false, false, 0)
 }
 
 // waitMarked polls until a waiter has marked key's lock (its value ends

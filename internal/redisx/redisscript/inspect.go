@@ -3,7 +3,9 @@ package redisscript
 import (
 	"cmp"
 	"context"
+	_ "embed"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -183,62 +185,92 @@ type SharedSnapshot struct {
 	Holders []SharedHolder
 }
 
-// InspectShared reads, in one MULTI/EXEC, what Inspect reads and the
-// server clock, the holders and the tokens of lk (the single-Redis
-// backend's shared leases: lk + HoldersSuffix and lk + TokensSuffix, in
-// lk's slot), writing nothing. The holders and tokens of an exclusive
-// lock's key are empty: reading them costs the transaction two commands
-// that find nothing. They are read whole (every reader of a read-write
-// lock, every permit of a semaphore): their size is the number of leases,
-// which the scripts bound by pruning the expired ones.
-func InspectShared(ctx context.Context, c goredis.Cmdable, lk string) (SharedSnapshot, error) {
-	var get, ctr *goredis.StringCmd
-	var size *goredis.IntCmd
-	var pttl *goredis.DurationCmd
-	var now *goredis.TimeCmd
-	var members *goredis.ZSliceCmd
-	var tokens *goredis.MapStringStringCmd
-	_, err := c.TxPipelined(ctx, func(p goredis.Pipeliner) error {
-		pttl = p.PTTL(ctx, lk)
-		get = p.GetRange(ctx, lk, 0, ValueBound-1)
-		size = p.StrLen(ctx, lk)
-		ctr = p.GetRange(ctx, lk+FenceSuffix, 0, ValueBound-1)
-		now = p.Time(ctx)
-		members = p.ZRangeWithScores(ctx, lk+HoldersSuffix, 0, -1)
-		tokens = p.HGetAll(ctx, lk+TokensSuffix)
-		return nil
-	})
-	if err != nil {
-		return SharedSnapshot{}, err
-	}
+//go:embed inspect.lua
+var inspectSrc string
+
+// inspectScript reads a lock for InspectShared (inspect.lua).
+var inspectScript = goredis.NewScript(inspectSrc)
+
+// InspectShared reads what Inspect reads and the server clock, the
+// holders and the tokens of lk (the single-Redis backend's shared leases:
+// lk + HoldersSuffix and lk + TokensSuffix, in lk's slot), writing
+// nothing, in one script (inspect.lua: EVALSHA, or EVAL where the server
+// does not have it yet): atomic as a MULTI/EXEC would be, without the
+// rights to MULTI and EXEC. The clock, holders and tokens are read only
+// for a lock value of shared holders or a reservation. The holders and
+// tokens are read whole (every reader of a read-write lock, every permit
+// of a semaphore): their size is the number of leases, which the scripts
+// bound by pruning the expired ones.
+func InspectShared(ctx context.Context, c goredis.Scripter, lk string) (SharedSnapshot, error) {
 	var s SharedSnapshot
-	d := pttl.Val()
-	if d == -2 {
-		return s, nil
+	r, err := inspectScript.Run(ctx, c, []string{lk, lk + FenceSuffix, lk + HoldersSuffix, lk + TokensSuffix}, ValueBound).Slice()
+	if err != nil {
+		return s, err
+	}
+	bad := func() (SharedSnapshot, error) {
+		return SharedSnapshot{}, fmt.Errorf("redisscript: unexpected reply from the inspect script: %v", r)
+	}
+	if len(r) == 1 {
+		if n, _ := r[0].(int64); n == -2 {
+			return s, nil
+		}
+		return bad()
+	}
+	if len(r) != 4 && len(r) != 8 {
+		return bad()
+	}
+	d, ok1 := r[0].(int64)
+	v, ok2 := r[1].(string)
+	size, ok3 := r[2].(int64)
+	ctr, ok4 := r[3].(string)
+	if !ok1 || !ok2 || !ok3 || !ok4 {
+		return bad()
 	}
 	s.Held = true
 	if d > 0 {
-		s.PTTL = d
+		s.PTTL = time.Duration(d) * time.Millisecond
 	}
-	v := get.Val()
-	if s.Foreign = size.Val() > ValueBound; s.Foreign {
+	if s.Foreign = size > ValueBound; s.Foreign {
 		s.Value = v
 		return s, nil
 	}
 	s.Value, s.Waited = strings.CutSuffix(v, "+")
 	if s.Kind, s.Shared = ParseShared(s.Value); !s.Shared {
 		s.Holder = HolderOf(s.Value)
-		s.Counter, _ = strconv.ParseUint(ctr.Val(), 10, 64)
+		s.Counter, _ = strconv.ParseUint(ctr, 10, 64)
 		return s, nil
 	}
-	nowMs := now.Val().UnixMilli()
-	for _, m := range members.Val() {
-		score := int64(m.Score)
+	if len(r) != 8 {
+		return bad()
+	}
+	sec, ok1 := r[4].(string)
+	usec, ok2 := r[5].(string)
+	members, ok3 := r[6].([]any)
+	kv, ok4 := r[7].([]any)
+	secs, err1 := strconv.ParseInt(sec, 10, 64)
+	usecs, err2 := strconv.ParseInt(usec, 10, 64)
+	if !ok1 || !ok2 || !ok3 || !ok4 || err1 != nil || err2 != nil || len(members)%2 != 0 || len(kv)%2 != 0 {
+		return bad()
+	}
+	nowMs := secs*1000 + usecs/1000
+	tokens := make(map[string]string, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		k, _ := kv[i].(string)
+		t, _ := kv[i+1].(string)
+		tokens[k] = t
+	}
+	for i := 0; i+1 < len(members); i += 2 {
+		value, _ := members[i].(string)
+		sc, _ := members[i+1].(string)
+		f, err := strconv.ParseFloat(sc, 64)
+		if err != nil {
+			return bad()
+		}
+		score := int64(f)
 		if score <= nowMs {
 			continue // expired, not pruned yet
 		}
-		value, _ := m.Member.(string)
-		tok, _ := strconv.ParseUint(tokens.Val()[value], 10, 64)
+		tok, _ := strconv.ParseUint(tokens[value], 10, 64)
 		s.Holders = append(s.Holders, SharedHolder{Token: tok, TTL: time.Duration(score-nowMs) * time.Millisecond, Holder: HolderOf(value)})
 	}
 	slices.SortStableFunc(s.Holders, func(a, b SharedHolder) int { return cmp.Compare(a.Token, b.Token) })

@@ -10,7 +10,7 @@
 -- KEYS[3], KEYS[4]: with ARGV[1] 'shared' (the single-Redis backend, which
 --          serves shared leases; see shared.lua): its holders and tokens
 --          keys (same slot), on which the commands of the shared-lease
---          scripts are tried too
+--          scripts and of its Inspect (inspect.lua) are tried too
 --
 -- Returns the calls that failed, flat: for each, the command (lower case),
 -- the key or channel it named ('' for none) and the error; an empty array
@@ -41,6 +41,10 @@ if try(c, 'SET', c, '1', 'PX', '10000') then
 end
 try(k, 'DEL', k, c)
 if ARGV[1] == 'shared' then
+	-- inspect.lua's reads of a lock value (on the probe key, missing by
+	-- now) and of the holders' tokens (below).
+	try(k, 'GETRANGE', k, '0', '1')
+	try(k, 'STRLEN', k)
 	local z, h = KEYS[3], KEYS[4]
 	if try(z, 'ZADD', z, '1', 'probe') then
 		try(z, 'PEXPIRE', z, '10000')
@@ -52,6 +56,7 @@ if ARGV[1] == 'shared' then
 	if try(h, 'HSET', h, 'probe', '1') then
 		try(h, 'PEXPIRE', h, '10000')
 		try(h, 'HGET', h, 'probe')
+		try(h, 'HGETALL', h)
 		local t = try('', 'TIME')
 		if t then
 			try(h, 'PEXPIREAT', h, tostring(tonumber(t[1]) + 10) .. '000')
