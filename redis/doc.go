@@ -133,9 +133,11 @@
 // scored by its expiry in server milliseconds (TIME plus the TTL); and
 // Prefix+"{"+k+"}:tokens" is a hash of each lease's fencing token. A lease
 // is valid while the server clock reads before its score; every script
-// first prunes the members whose score has passed. All three keys expire
-// (PEXPIREAT) at the highest score, so none outlives its holders. No
-// grant's value begins with a NUL byte (a holder description is
+// first prunes the members whose score has passed. The holders and tokens
+// keys expire (PEXPIREAT) at the highest score, so neither outlives its
+// holders, and so does the lock key, or at the writer's time (below) if
+// that is later. No grant's value begins with a NUL byte (a holder
+// description is
 // printable), so an exclusive acquire's SET NX fails on the marker as on
 // any holder's value: the exclusive path is what it was, without a command
 // more, and an exclusive lock has no holders or tokens key.
@@ -143,33 +145,44 @@
 // The grant rule. A shared acquire is one EVALSHA of acquireshared.lua
 // (in the shared pipelines, and followed by WAIT with WaitReplicas, as an
 // exclusive acquire). It is granted when the key is free (its holders all
-// expired), or when it is held by shared leases of the same Permits with
-// fewer than Permits holders (any number of readers) and no writer waits.
+// expired, and no writer's time to come), or when it is held by shared
+// leases of the same Permits with fewer than Permits holders (any number
+// of readers) and no writer waits.
 // A request whose Permits differ from the holders' fails at once with a
 // *[backend.PermitsError] and writes nothing. Otherwise (an exclusive
 // holder, a full semaphore, a waiting writer) it marks the lock key as
 // waited for and returns a [backend.HeldError] whose RetryAfter is the
-// exclusive holder's PTTL, or the time until the first shared holder
-// expires. The script is safe to run twice: a resent acquire finds its own
-// member and returns the first run's token.
+// exclusive holder's PTTL, the time until the first shared holder
+// expires, or until the writer's time (at least 1 ms: a refusal by a key
+// in its last millisecond makes the waiter try again right after it,
+// rather than after its fallback poll, and mark what holds the key then).
+// The script is safe to run twice: a resent acquire finds its own member
+// and returns the first run's token.
 //
 // Writers are not starved. An exclusive attempt of a waiting Acquire
 // ([backend.Request].Wait > 0: acquire.lua's fifth argument, sent with
 // those attempts only) that finds the marker writes the writer's time,
-// now + Wait (2 × the Locker's RetryMax), into it: until then shared
-// requests are refused. A TryAcquire writes nothing. When the last shared
-// lease ends by release before that time, the lock key stays reserved for
-// writers until then (a NUL byte, 'w' and the time): the next exclusive
-// acquire takes it as it takes a free key, and shared ones wait. A writer
-// that gives up thus keeps readers out for at most Wait after its last
-// attempt.
+// now + Wait (2 × the Locker's RetryMax), into it, and makes the lock key
+// live until then at least: until then shared requests are refused,
+// whether the readers it waited for are still there or not (the backend
+// package's Shared leases: the reservation holds for Wait "even once the
+// readers are gone"). A TryAcquire writes nothing. The writer's own
+// RetryAfter is the time until the last shared holder expires, when the
+// key can be its. When the last shared lease ends before the writer's
+// time, by release or by expiry, the lock key stays a reservation for
+// writers until then (after a release, a NUL byte, 'w' and the time;
+// after an expiry, the marker with no valid holder): the next exclusive
+// acquire, a TryAcquire as well, takes it as it takes a free key (keeping
+// the waited-for mark, so that its release wakes the refused readers),
+// and shared ones wait. A writer that gives up thus keeps readers out for
+// at most Wait after its last attempt.
 //
 // Release and refresh. Release (releaseshared.lua) removes the lease's
 // member if it is still valid by the server clock (else [backend.ErrNotHeld],
 // changing nothing); the last holder out deletes the three keys, or leaves
 // the reservation. Refresh (refreshshared.lua) moves a valid member's score
-// to now + TTL and the three keys' expiry with it; it never re-creates a
-// lease. [Driver.RefreshBatch] refreshes shared leases with
+// to now + TTL and the keys' expiry with it (the lock key's no earlier than
+// the writer's time); it never re-creates a lease. [Driver.RefreshBatch] refreshes shared leases with
 // refreshmanyshared.lua (one call per 1,000 leases; one refreshshared.lua
 // per lease on a Cluster).
 //

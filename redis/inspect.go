@@ -35,7 +35,9 @@ var _ backend.Inspector = (*Driver)(nil)
 // Holders, oldest grant first (by token), each with its own token, TTL
 // (the server's clock against the lease's expiry) and holder; Token, TTL
 // and Holder are those of Holders[0]. A key reserved for a waiting writer
-// has no holder: it is reported free. Waiters is -1: Redis keeps no queue
+// has no holder: it is reported free, and so is a key whose shared
+// holders have all expired while a writer's reservation runs on. Waiters
+// is -1: Redis keeps no queue
 // (a waiter only marks the lock as waited for).
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
 	s, err := redisscript.InspectShared(ctx, d.client, d.lockKey(key))

@@ -574,7 +574,8 @@ func ttlMillis(ttl time.Duration) (int64, error) {
 // When the key is held it returns a *[backend.HeldError] whose RetryAfter is
 // the holder's remaining PTTL (0 if the key has no expiry; for a shared
 // request on a full semaphore or behind a waiting writer, the time until
-// the first shared holder expires). On a network
+// the first shared holder expires; for a writer behind shared holders, the
+// time until the last of them expires; at least 1 ms otherwise). On a network
 // error, a cancelled ctx or too few replicas it deletes the lock again if
 // this attempt may have taken it (best effort, bounded by a short timeout
 // that ignores ctx's cancellation, on a client whose ContextTimeoutEnabled

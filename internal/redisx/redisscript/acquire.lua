@@ -24,7 +24,8 @@
 -- and the grant's clock is not known); when it is held by someone else, it
 -- marks the lock as waited for (see below) and returns -2 - PTTL, i.e. -1
 -- for a key without expiry (PTTL -1) and -2 - ms otherwise (so 0 is never
--- returned).
+-- returned; ms is at least 1, and for a key held by shared leases the time
+-- until the last of them expires).
 --
 -- The token is issued by issue (issue.lua, prepended to this script): the
 -- larger of the counter + 1 and the server time in microseconds, written
@@ -36,21 +37,47 @@
 -- holder description is printable), so the SET NX below fails for an
 -- exclusive request without a command more on its way to a grant. A
 -- failed attempt that passes ARGV[5] (a writer that waits) writes into
--- that value the time until which new shared leases stay out: the writer
--- is not starved by a stream of readers. When the last shared lease is
--- released while a writer waits, the lock key is left reserved for
--- writers until then (a value NUL 'w' ...): any exclusive request takes
--- it, as it takes a free key, keeping the waited-for mark.
+-- that value the time until which new shared leases stay out, and makes
+-- the lock key live until then at least: the writer is not starved by a
+-- stream of readers, whether they release or expire. A lock key with no
+-- valid shared holder left but a writer's time to come (the readers
+-- expired), and one reserved for writers (a value NUL 'w' ..., left by the
+-- last release while a writer waits), is a reservation: any exclusive
+-- request takes it, as it takes a free key, keeping the waited-for mark.
+-- The reply of a request refused by shared holders bounds the wait by the
+-- expiry of the last of them (when the key can be a writer's), not by the
+-- lock key's PTTL.
 local old = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
-if old and string.byte(old, 1) == 0 and string.byte(old, 2) == 119 then
-	-- Reserved for writers (NUL 'w', see above), with no holder: ours,
-	-- marked if the reservation was (its waiters must hear our release).
-	local v = ARGV[1]
-	if string.byte(old, -1) == 43 then
-		v = v .. '+'
+-- top, ms: the expiry of the last valid shared holder and the server
+-- clock, in milliseconds, when shared holders hold.
+local top, ms
+if old and string.byte(old, 1) == 0 then
+	local kind = string.byte(old, 2)
+	if kind == 115 then
+		-- NUL 's': shared holders, or none left valid (a reservation).
+		-- The holders' key is spelled as shared.lua spells it (the lock
+		-- key's slot).
+		local t = redis.call('TIME')
+		ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+		local z = KEYS[1] .. ':holders'
+		local last = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
+		if last[2] and tonumber(last[2]) > ms then
+			top = tonumber(last[2])
+		else
+			redis.call('DEL', z, KEYS[1] .. ':tokens')
+			kind = 119
+		end
 	end
-	redis.call('SET', KEYS[1], v, 'PX', ARGV[2])
-	old = false
+	if kind == 119 then
+		-- Reserved for writers, with no holder: ours, marked if the
+		-- reservation was (its waiters must hear our release).
+		local v = ARGV[1]
+		if string.byte(old, -1) == 43 then
+			v = v .. '+'
+		end
+		redis.call('SET', KEYS[1], v, 'PX', ARGV[2])
+		old = false
+	end
 end
 if not old then
 	-- The key was free and is ours now.
@@ -95,18 +122,27 @@ end
 if last ~= 43 then
 	redis.call('APPEND', KEYS[1], '+')
 end
-if ARGV[5] and string.byte(old, 1) == 0 then
+if top then
 	-- Held by shared leases (NUL 's' permits ':' until, see shared.lua):
-	-- a waiting writer keeps new shared leases out until now + ARGV[5] ms
-	-- (if that is later than what the value says), keeping the key's TTL
-	-- and the mark.
-	local p, w = string.match(string.sub(old, 2), '^s(%d+):(%d+)')
-	if p then
-		local t = redis.call('TIME')
-		local u = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[5])
-		if u > tonumber(w) then
-			redis.call('SET', KEYS[1], string.char(0) .. 's' .. p .. ':' .. string.format('%.0f', u) .. '+', 'KEEPTTL')
+	-- a waiting writer keeps new shared leases out until ms + ARGV[5] (if
+	-- that is later than what the value says), keeping the mark; the lock
+	-- key lives until then at least, past the holders if they expire.
+	if ARGV[5] then
+		local p, w = string.match(string.sub(old, 2), '^s(%d+):(%d+)')
+		local u = ms + tonumber(ARGV[5])
+		if p and u > tonumber(w) then
+			redis.call('SET', KEYS[1], string.char(0) .. 's' .. p .. ':' .. string.format('%.0f', u) .. '+',
+				'PXAT', string.format('%.0f', math.max(u, top)))
 		end
 	end
+	-- The key can be a writer's once the last holder has gone.
+	return -2 - (top - ms)
 end
-return -2 - redis.call('PTTL', KEYS[1])
+-- A key about to expire has a PTTL of 0: 1 ms then, so that a waiter tries
+-- again right after it (and marks what holds the key then), not after its
+-- fallback poll.
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl == 0 then
+	pttl = 1
+end
+return -2 - pttl

@@ -25,11 +25,13 @@
 -- number of permits, the error reply 'DLOCKPERMITS <theirs>', having
 -- changed nothing (the request neither waits nor takes anything).
 --
--- The grant rule: the key is free (or its holders have all expired), or it
--- is held by shared leases of the same permits, no writer waits (the
--- until in the lock value has passed), and fewer than permits of them hold
--- (any number of readers). An exclusive holder, a reservation for writers
--- and a waiting writer keep shared requests out.
+-- The grant rule: the key is free (or its holders have all expired and no
+-- writer waits), or it is held by shared leases of the same permits, no
+-- writer waits (the until in the lock value has passed), and fewer than
+-- permits of them hold (any number of readers). An exclusive holder, a
+-- reservation for writers and a waiting writer keep shared requests out,
+-- the writer also once the holders it waited for have expired (the lock
+-- key lives until its time, see shared.lua).
 --
 -- The script may safely run twice: a resent acquire (go-redis retries
 -- after network errors) finds its own lease among the holders and returns
@@ -38,13 +40,22 @@
 local now, nowus = clock()
 local v = redis.call('GET', KEYS[1])
 local kind, permits, w, marked = parse(v)
+-- pttl is the lock key's PTTL, 1 for a key about to expire (0): a waiter
+-- then tries again right after it, and marks what holds the key then.
+local function pttl()
+	local p = redis.call('PTTL', KEYS[1])
+	if p == 0 then
+		return 1
+	end
+	return p
+end
 if v and not kind then
 	-- An exclusive holder (or a value planted by something else): mark
 	-- it as acquire.lua does, so that its release is published.
 	if string.byte(v, -1) ~= 43 then
 		redis.call('APPEND', KEYS[1], '+')
 	end
-	return -2 - redis.call('PTTL', KEYS[1])
+	return -2 - pttl()
 end
 -- held marks the lock value (once) and returns the refusal.
 local function held(left)
@@ -55,7 +66,7 @@ local function held(left)
 end
 if kind == 'w' then
 	if w > now then
-		return held(redis.call('PTTL', KEYS[1]))
+		return held(pttl())
 	end
 	-- The reservation has run out (it expires this very millisecond).
 	kind = nil
@@ -64,9 +75,8 @@ local n = 0
 if kind == 's' then
 	n = prune(KEYS[2], KEYS[3], now)
 	if n == 0 then
-		-- Every holder has expired (the lock key expires this very
-		-- millisecond). A writer that waits keeps the key as a
-		-- reservation would.
+		-- Every holder has expired. A writer that waits keeps the key as
+		-- a reservation would (the lock key lives until its time).
 		if w > now then
 			return held(w - now)
 		end
@@ -95,9 +105,10 @@ else
 	-- an expired value stays for its waiters.
 	redis.call('DEL', KEYS[2], KEYS[3])
 	redis.call('SET', KEYS[1], sentinel(ARGV[3], 0, marked))
+	w = 0
 end
 local token = issue(KEYS[4], nowus, ARGV[4])
 redis.call('ZADD', KEYS[2], ms(now + tonumber(ARGV[2])), ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], token)
-expire(KEYS[1], KEYS[2], KEYS[3])
+expire(KEYS[1], KEYS[2], KEYS[3], w)
 return token

@@ -29,7 +29,7 @@ end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 if prune(KEYS[2], KEYS[3], now) > 0 then
-	expire(KEYS[1], KEYS[2], KEYS[3])
+	expire(KEYS[1], KEYS[2], KEYS[3], w)
 else
 	vacate(KEYS[1], KEYS[2], KEYS[3], now, w, marked)
 end

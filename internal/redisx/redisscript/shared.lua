@@ -11,7 +11,10 @@
 --     leases stay out, because a writer waits (0: none; acquire.lua
 --     writes it). The value begins with a NUL byte, which no grant's value
 --     does, so an exclusive SET NX fails on it, and it expires with the
---     last holder (PEXPIREAT the highest score below).
+--     last holder (PEXPIREAT the highest score below), or at until if that
+--     is later: a waiting writer's time outlives holders that expire.
+--     While no holder is valid and until is to come, the key is a
+--     reservation for writers, as NUL 'w' below.
 --   - the holders, a sorted set (lock key .. ':holders'): one member per
 --     lease, its value (the holder description and the ownership part, as
 --     an exclusive lock's value), scored by its expiry in server
@@ -22,6 +25,7 @@
 -- When the last holder leaves while a writer waits, the lock key becomes
 -- NUL 'w' until (and the mark), a reservation that expires at until and
 -- that any exclusive acquire takes (acquire.lua), while shared ones wait.
+-- The holders' key is spelled out in acquire.lua too.
 
 -- clock returns the server time in whole milliseconds (a Lua number,
 -- exact: far below 2^53) and in microseconds (a decimal string, for
@@ -87,13 +91,14 @@ local function prune(z, h, now)
 	return redis.call('ZCARD', z)
 end
 
--- expire makes the lock key lk, z and h expire with the last holder of z
--- (which has one): at its score, in server milliseconds, so that none of
--- them outlives the holders, and the lock key (which exclusive requests
--- see) none of them.
-local function expire(lk, z, h)
+-- expire makes z and h expire with the last holder of z (which has one),
+-- at its score, in server milliseconds, so that neither outlives the
+-- holders, and the lock key lk (which exclusive requests see) then too,
+-- or at w (the writer's time of its value, a number) if that is later: a
+-- waiting writer's reservation outlives the holders it waited for.
+local function expire(lk, z, h, w)
 	local last = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
-	redis.call('PEXPIREAT', lk, last[2])
+	redis.call('PEXPIREAT', lk, ms(math.max(tonumber(last[2]), w)))
 	redis.call('PEXPIREAT', z, last[2])
 	redis.call('PEXPIREAT', h, last[2])
 end
@@ -126,7 +131,8 @@ end
 -- (released, expired, or the lock key is not held by shared leases any
 -- more: a lease is never re-created).
 local function refresh(lk, z, h, v, ttl, now)
-	if parse(redis.call('GET', lk)) ~= 's' then
+	local kind, _, w = parse(redis.call('GET', lk))
+	if kind ~= 's' then
 		return 0
 	end
 	local s = redis.call('ZSCORE', z, v)
@@ -135,6 +141,7 @@ local function refresh(lk, z, h, v, ttl, now)
 	end
 	redis.call('ZADD', z, 'XX', ms(now + tonumber(ttl)), v)
 	prune(z, h, now)
-	expire(lk, z, h)
+	expire(lk, z, h, w)
 	return 1
 end
+
