@@ -93,11 +93,14 @@
 //   - Its context bounds the caller's wait, not the pipeline: a caller
 //     whose context ends returns at once, while its command, already sent
 //     or queued, may still run. A cut acquire's clean-up first waits for
-//     that command (within its 2 s bound), then deletes the lock only if
-//     the acquire may have taken it; if the command's pipeline has not run
-//     by then (a slow server, or go-redis resending it after a lost
-//     reply), the flusher deletes that lock once the pipeline has run
-//     ([Driver.Close] waits for that delete, up to 2 s). The pipeline's
+//     that command (within its 2 s bound), then cleans up (see Acquires
+//     cut short) only if the acquire may have taken the lock; if the
+//     command's pipeline has not run by then (a slow server, or go-redis
+//     resending it after a lost reply), the flusher cleans up once the
+//     pipeline has run ([Driver.Close] waits for that, up to 2 s). A
+//     pipeline that fails (a read timed out with its callers' deadline, a
+//     connection lost) may still reach the server after its callers have
+//     cleaned up: their tombstones refuse its acquires then. The pipeline's
 //     own context ends with the latest deadline of its callers' contexts
 //     when they all have one, and at [Driver.Close]; one caller's
 //     cancellation never fails the others' commands.
@@ -222,6 +225,39 @@
 // [backend.ErrNotHeld] although the first attempt deleted the lock: the
 // second run finds the key gone and cannot tell that it was ours.
 //
+// # Acquires cut short
+//
+// An acquire whose caller gives up before its reply comes (its context
+// ends, a network error, too few replicas for WAIT) may have taken the
+// lock, or may take it still: its command can be on its way after
+// TryAcquire has returned (in the client's socket buffers, retransmitted
+// by TCP, held by a loaded link or proxy, in a pipeline that go-redis
+// resends after a timeout). The driver cleans up at once (bounded by 2 s,
+// whatever the context), on another connection, so nothing orders the
+// clean-up after the acquire. The clean-up (forsake.lua, forsakeshared.lua)
+// therefore does two things in one script: it deletes the lock (or ends
+// the shared lease) if the acquire took it, and it leaves a tombstone of
+// the acquire's value (its ownership part) in the key's fencing counter,
+// after the counter's number; a grant whose value has a tombstone is
+// refused (acquire.lua and acquireshared.lua put back what they took).
+// Whichever reaches the server first, the cut acquire leaves nothing
+// behind: no lock, permit or reader's place held for its TTL by nobody,
+// exclusive and shared alike.
+//
+// The limits, honestly: a tombstone is in force for one minute (longer
+// than go-redis's resends with its default timeouts, and than several TCP
+// retransmissions); an acquire that arrives later still takes the lock
+// for its TTL, as does one whose clean-up never reached the server (cut
+// off for longer than the 2 s bound). A key keeps at most 64 tombstones,
+// the oldest going first (more than 64 acquires of one key cut within a
+// minute). The uncontended path pays nothing: an acquire runs the same
+// commands as before (every grant reads and writes the counter anyway, and
+// a counter with tombstones is not a number, which only then makes the
+// script look further); while tombstones are in force on a key, its grants
+// rewrite them with the token (a few string operations, and a SET more).
+// [Driver.Inspect] reports the counter's number; a tool of your own that
+// reads the counter must take the digits before the first '!'.
+//
 // # TTLs
 //
 // Redis expires keys in whole milliseconds. A TTL that is not a whole number
@@ -236,7 +272,9 @@
 // in the same script that takes the lock, issues as its token the larger of
 // the counter + 1 and the server clock in microseconds (TIME; about 1.8e15
 // today), and writes it back to the counter. So every token is above the
-// counter the server has, and at least the server's clock.
+// counter the server has, and at least the server's clock. (The counter's
+// value is that number, followed by the tombstones of acquires cut short
+// while any are in force: see Acquires cut short.)
 //
 // The counter alone would not do: a counter that is lost or comes back
 // stale (a restart without persistence, or from an RDB snapshot or an AOF

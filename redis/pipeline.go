@@ -139,18 +139,19 @@ func (d *Driver) flush() {
 	}
 }
 
-// deleteOrphans deletes the locks of abandoned acquires (each if still
-// theirs), in one pipeline within cleanupTimeout. Not with the pipe's
-// context: a Close waits for these deletes (that long at most) rather than
-// leave the locks to their TTL.
+// deleteOrphans cleans up after abandoned acquires (deleting each lock if
+// still theirs, and leaving their tombstones: lease.forsaker), in one
+// pipeline within cleanupTimeout. Not with the pipe's context: a Close
+// waits for these clean-ups (that long at most) rather than leave the
+// locks to their TTL.
 func (d *Driver) deleteOrphans(orphans []*lease) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	pl := d.client.Pipeline()
 	for _, l := range orphans {
 		// EVAL, not EVALSHA: rare, and no NOSCRIPT round trip.
-		s, keys := l.releaser()
-		_ = s.Eval(ctx, pl, keys, l.args[:1]...)
+		s, keys, args := l.forsaker()
+		_ = s.Eval(ctx, pl, keys, args...)
 	}
 	_, _ = pl.Exec(ctx) // best effort
 }

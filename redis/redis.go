@@ -30,6 +30,11 @@ var (
 	releaseSharedScript     = redisscript.ReleaseShared
 	refreshSharedScript     = redisscript.RefreshShared
 	refreshManySharedScript = redisscript.RefreshManyShared
+
+	// The clean-ups of acquires given up (see the package documentation,
+	// Acquires cut short).
+	forsakeScript       = redisscript.Forsake
+	forsakeSharedScript = redisscript.ForsakeShared
 )
 
 // Suffixes of the keys and channel that belong to one lock key.
@@ -54,6 +59,16 @@ const DefaultWaitTimeout = time.Second
 // acquire whose outcome is unknown (a network error, a cancelled context) or
 // unwanted (too few replicas acknowledged).
 const cleanupTimeout = 2 * time.Second
+
+// cutWindow is how long the tombstone a clean-up leaves keeps refusing
+// the acquire it undoes, should that acquire reach the server later (see
+// the package documentation, Acquires cut short). It outlasts go-redis's
+// resends with its default timeouts (MaxRetries 3, ReadTimeout 5 s) and
+// several TCP retransmissions of a command still in a socket's buffers.
+const cutWindow = time.Minute
+
+// cutWindowMillis is cutWindow in milliseconds, boxed once.
+var cutWindowMillis any = cutWindow.Milliseconds()
 
 // EvictionCheck says what [New] does when the server's maxmemory-policy
 // allows it to evict keys, lock keys included.
@@ -575,12 +590,14 @@ func ttlMillis(ttl time.Duration) (int64, error) {
 // the holder's remaining PTTL (0 if the key has no expiry; for a shared
 // request on a full semaphore or behind a waiting writer, the time until
 // the first shared holder expires; for a writer behind shared holders, the
-// time until the last of them expires; at least 1 ms otherwise). On a network
-// error, a cancelled ctx or too few replicas it deletes the lock again if
-// this attempt may have taken it (best effort, bounded by a short timeout
-// that ignores ctx's cancellation, on a client whose ContextTimeoutEnabled
-// is set; see the package documentation) and returns an error wrapping
-// [backend.ErrUnavailable].
+// time until the last of them expires; at least 1 ms otherwise). On a
+// network error, a cancelled ctx or too few replicas it cleans up after
+// this attempt: it deletes the lock again if the attempt took it, and
+// leaves a tombstone that refuses the attempt if it reaches the server
+// only later (best effort, bounded by a short timeout that ignores ctx's
+// cancellation, on a client whose ContextTimeoutEnabled is set; see the
+// package documentation, Acquires cut short) and returns an error
+// wrapping [backend.ErrUnavailable].
 func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.Lease, error) {
 	key, ttl := req.Key, req.TTL
 	ms, err := ttlMillis(ttl)
@@ -749,6 +766,18 @@ func (l *lease) releaser() (*goredis.Script, []string) {
 	return releaseScript, l.keys[:1]
 }
 
+// forsaker returns the script that cleans up after l's acquire, given up
+// (forsake.lua or forsakeshared.lua: l's release, if the acquire took l,
+// and a tombstone that refuses the acquire if it arrives later), its keys
+// and its arguments.
+func (l *lease) forsaker() (*goredis.Script, []string, []any) {
+	args := []any{l.args[0], cutWindowMillis}
+	if l.shared != nil {
+		return forsakeSharedScript, l.shared.keys[:], args
+	}
+	return forsakeScript, l.keys[:], args
+}
+
 // tryAcquireShared is TryAcquire of a shared lease (req.Shared), with its
 // TTL in whole milliseconds: one EVALSHA of acquireshared.lua (see the
 // package documentation, Shared leases), shared pipelines and WAIT as for
@@ -829,18 +858,21 @@ func (d *Driver) warnUnannounced(lockKey string) {
 
 var errNotHeld = fmt.Errorf("%w: redis: the lock key is gone or has another owner", backend.ErrNotHeld)
 
-// cleanup deletes the lock if this grant holds it, ignoring errors, with a
-// short timeout that ignores the cancellation of ctx.
+// cleanup undoes this grant's acquire, ignoring errors, with a short
+// timeout that ignores the cancellation of ctx: it deletes the lock (or
+// ends the shared lease) if the acquire took it, and leaves a tombstone
+// that refuses the acquire should it reach the server only now (forsaker;
+// see the package documentation, Acquires cut short). The acquire and the
+// clean-up may thus reach the server in either order.
 func (l *lease) cleanup(ctx context.Context) { l.cleanupAfter(ctx, nil) }
 
 // cleanupAfter is cleanup after an acquire queued for the driver's shared
-// pipelines whose wait ctx cut short (cut, when not nil): it first waits for that
-// acquire to run (a delete sent before it would find nothing and leave
-// the lock to its TTL), and deletes nothing if the acquire found the lock
-// held by another. The wait and the delete share the one timeout; if the
-// acquire's pipeline has not run when it ends (a slow server, or go-redis
-// resending the pipeline after a lost reply), the delete is left to the
-// flusher, which sends it once the pipeline has run.
+// pipelines whose wait ctx cut short (cut, when not nil): it first waits
+// for that acquire to run, and cleans up nothing if the acquire found the
+// lock held by another. The wait and the clean-up share the one timeout;
+// if the acquire's pipeline has not run when it ends (a slow server, or
+// go-redis resending the pipeline after a lost reply), the clean-up is
+// left to the flusher, which sends it once the pipeline has run.
 func (l *lease) cleanupAfter(ctx context.Context, cut *pending) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
@@ -861,6 +893,6 @@ func (l *lease) cleanupAfter(ctx context.Context, cut *pending) {
 			return // held by another: not ours to delete
 		}
 	}
-	s, keys := l.releaser()
-	_ = s.Run(ctx, l.d.client, keys, l.args[:1]...).Err()
+	s, keys, args := l.forsaker()
+	_ = s.Run(ctx, l.d.client, keys, args...).Err()
 }

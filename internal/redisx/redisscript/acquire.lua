@@ -25,7 +25,8 @@
 -- marks the lock as waited for (see below) and returns -2 - PTTL, i.e. -1
 -- for a key without expiry (PTTL -1) and -2 - ms otherwise (so 0 is never
 -- returned; ms is at least 1, and for a key held by shared leases the time
--- until the last of them expires).
+-- until the last of them expires); -1 too when the grant is refused for a
+-- tombstone (below).
 --
 -- The token is issued by issue (issue.lua, prepended to this script): the
 -- larger of the counter + 1 and the server time in microseconds, written
@@ -47,10 +48,16 @@
 -- The reply of a request refused by shared holders bounds the wait by the
 -- expiry of the last of them (when the key can be a writer's), not by the
 -- lock key's PTTL.
+--
+-- Tombstones (cut.lua, prepended with issue.lua): a grant whose value has a
+-- tombstone in the counter (its acquire was given up and cleaned up before
+-- it arrived) is not made: the script puts back what it took (a free key,
+-- or the reservation) and returns -1.
 local old = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
--- top, ms: the expiry of the last valid shared holder and the server
--- clock, in milliseconds, when shared holders hold.
-local top, ms
+-- reserved: the reservation taken (its value and PTTL), put back if the
+-- grant is refused; top, ms: the expiry of the last valid shared holder
+-- and the server clock, in milliseconds, when shared holders hold.
+local reserved, top, ms
 if old and string.byte(old, 1) == 0 then
 	local kind = string.byte(old, 2)
 	if kind == 115 then
@@ -71,6 +78,7 @@ if old and string.byte(old, 1) == 0 then
 	if kind == 119 then
 		-- Reserved for writers, with no holder: ours, marked if the
 		-- reservation was (its waiters must hear our release).
+		reserved = {old, math.max(redis.call('PTTL', KEYS[1]), 1)}
 		local v = ARGV[1]
 		if string.byte(old, -1) == 43 then
 			v = v .. '+'
@@ -87,7 +95,16 @@ if not old then
 	-- prints large numbers in exponent form).
 	local t = redis.call('TIME')
 	local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-	local token = issue(KEYS[2], now, ARGV[4])
+	local token = issue(KEYS[2], now, ARGV[4], ARGV[1])
+	if not token then
+		-- Given up by its caller and cleaned up (a tombstone): not ours.
+		if reserved then
+			redis.call('SET', KEYS[1], reserved[1], 'PX', reserved[2])
+		else
+			redis.call('DEL', KEYS[1])
+		end
+		return -1
+	end
 	if ARGV[3] == 'clock' then
 		return {token, now}
 	end
@@ -111,6 +128,8 @@ if old == ARGV[1] or (last == 43 and old == ARGV[1] .. '+') then
 	-- write nothing on its new connection, and WAIT would count the
 	-- replicas at once.
 	redis.call('SET', KEYS[2], token, 'KEEPTTL')
+	-- The token is the counter's number (tombstones follow it, cut.lua).
+	token = string.match(token, '^%d+') or token
 	if ARGV[3] == 'clock' then
 		return {token, '0'}
 	end

@@ -1,7 +1,8 @@
 -- acquireshared: take a shared lease (a semaphore's permit, or a reader's
 -- lease of a read-write lock) if the key allows one, and issue a fencing
 -- token. The single-Redis backend only; the layout of a key held by
--- shared leases is in shared.lua, prepended to this script with issue.lua.
+-- shared leases is in shared.lua, prepended to this script with issue.lua
+-- and cut.lua.
 --
 -- KEYS[1]: the lock key
 -- KEYS[2]: the holders (sorted set; same hash slot as KEYS[1])
@@ -23,7 +24,10 @@
 -- a reservation's PTTL, -1 without one; the time until the first shared
 -- holder expires); and when the key's shared holders asked for another
 -- number of permits, the error reply 'DLOCKPERMITS <theirs>', having
--- changed nothing (the request neither waits nor takes anything).
+-- changed nothing (the request neither waits nor takes anything); -1 when
+-- the lease would be granted but its value has a tombstone in the counter
+-- (cut.lua: its acquire was given up and cleaned up before it arrived),
+-- having changed nothing either.
 --
 -- The grant rule: the key is free (or its holders have all expired and no
 -- writer waits), or it is held by shared leases of the same permits, no
@@ -99,7 +103,14 @@ if kind == 's' then
 	if w > now or (permits ~= '0' and n >= tonumber(permits)) then
 		return held(earliest(KEYS[2], now))
 	end
-else
+end
+-- Granted, unless a tombstone refuses it: issued before anything else is
+-- written, so that a refusal has nothing to undo.
+local token = issue(KEYS[4], nowus, ARGV[4], ARGV[1])
+if not token then
+	return -1
+end
+if kind ~= 's' then
 	-- Free: this lease is the first. Holders and tokens left by a lock
 	-- key that went early (a DEL) belong to no valid lease; the mark of
 	-- an expired value stays for its waiters.
@@ -107,7 +118,6 @@ else
 	redis.call('SET', KEYS[1], sentinel(ARGV[3], 0, marked))
 	w = 0
 end
-local token = issue(KEYS[4], nowus, ARGV[4])
 redis.call('ZADD', KEYS[2], ms(now + tonumber(ARGV[2])), ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], token)
 expire(KEYS[1], KEYS[2], KEYS[3], w)

@@ -88,7 +88,7 @@ func Inspect(ctx context.Context, c goredis.Cmdable, lk string) (Snapshot, error
 	}
 	// A missing counter reads as "" (GETRANGE), a foreign one as its
 	// first ValueBound bytes: neither parses.
-	s.Counter, _ = strconv.ParseUint(ctr.Val(), 10, 64)
+	s.Counter = CounterOf(ctr.Val())
 	return s, nil
 }
 
@@ -237,7 +237,7 @@ func InspectShared(ctx context.Context, c goredis.Scripter, lk string) (SharedSn
 	s.Value, s.Waited = strings.CutSuffix(v, "+")
 	if s.Kind, s.Shared = ParseShared(s.Value); !s.Shared {
 		s.Holder = HolderOf(s.Value)
-		s.Counter, _ = strconv.ParseUint(ctr, 10, 64)
+		s.Counter = CounterOf(ctr)
 		return s, nil
 	}
 	if len(r) != 8 {
@@ -276,4 +276,15 @@ func InspectShared(ctx context.Context, c goredis.Scripter, lk string) (SharedSn
 	slices.SortStableFunc(s.Holders, func(a, b SharedHolder) int { return cmp.Compare(a.Token, b.Token) })
 	s.Held = len(s.Holders) > 0
 	return s, nil
+}
+
+// CounterOf reads a fencing counter's value (a prefix of it will do): its
+// number, which tombstones may follow (cut.lua); 0 for a missing counter
+// ("") and one that is not a decimal number.
+func CounterOf(v string) uint64 {
+	if i := strings.IndexByte(v, '!'); i >= 0 {
+		v = v[:i]
+	}
+	n, _ := strconv.ParseUint(v, 10, 64)
+	return n
 }

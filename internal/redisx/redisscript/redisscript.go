@@ -35,6 +35,12 @@ var (
 	probeSrc string
 	//go:embed issue.lua
 	issueSrc string // the token issue acquire and acquireshared call
+	//go:embed cut.lua
+	cutSrc string // the tombstones of acquires given up, which issue, forsake and forsakeshared call
+	//go:embed forsake.lua
+	forsakeSrc string
+	//go:embed forsakeshared.lua
+	forsakeSharedSrc string
 	//go:embed shared.lua
 	sharedSrc string // the shared-lease layout and helpers the *shared scripts call
 	//go:embed acquireshared.lua
@@ -49,8 +55,9 @@ var (
 
 // The scripts (see each .lua file for KEYS, ARGV and the reply).
 var (
-	// Acquire takes a free lock and issues a fencing token (acquire.lua).
-	Acquire = goredis.NewScript(issueSrc + acquireSrc)
+	// Acquire takes a free lock and issues a fencing token (acquire.lua),
+	// unless a tombstone of its value refuses it (cut.lua).
+	Acquire = goredis.NewScript(cutSrc + issueSrc + acquireSrc)
 	// Release deletes the lock if it is ours, and with a counter key raises
 	// the counter to a token first (release.lua).
 	Release = goredis.NewScript(belowSrc + releaseSrc)
@@ -74,7 +81,7 @@ var (
 	// AcquireShared takes a shared lease if the key allows one and issues
 	// a fencing token from the counter exclusive grants use
 	// (acquireshared.lua).
-	AcquireShared = goredis.NewScript(issueSrc + sharedSrc + acquireSharedSrc)
+	AcquireShared = goredis.NewScript(cutSrc + issueSrc + sharedSrc + acquireSharedSrc)
 	// ReleaseShared ends a shared lease if it is valid (releaseshared.lua).
 	ReleaseShared = goredis.NewScript(sharedSrc + releaseSharedSrc)
 	// RefreshShared extends a shared lease if it is valid
@@ -83,6 +90,16 @@ var (
 	// RefreshManyShared extends many shared leases, each if it is valid,
 	// in one script (refreshmanyshared.lua; single primary only).
 	RefreshManyShared = goredis.NewScript(sharedSrc + refreshManySharedSrc)
+
+	// The clean-ups of the single-Redis backend's acquires given up by
+	// their callers (see cut.lua). Not in All either.
+
+	// Forsake deletes the lock an exclusive acquire took, if it did, and
+	// leaves a tombstone that refuses the acquire if it has not arrived
+	// yet (forsake.lua).
+	Forsake = goredis.NewScript(cutSrc + forsakeSrc)
+	// ForsakeShared is Forsake for a shared acquire (forsakeshared.lua).
+	ForsakeShared = goredis.NewScript(cutSrc + sharedSrc + forsakeSharedSrc)
 )
 
 // All lists the scripts, for loading them.

@@ -18,25 +18,4 @@
 -- waiting Locker, see doc.go of the redis package), whether the release
 -- freed a permit, the last reader's place for a writer, or both.
 local now = clock()
-local kind, permits, w, marked = parse(redis.call('GET', KEYS[1]))
-if kind ~= 's' then
-	return 0
-end
-local s = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if not s or tonumber(s) <= now then
-	return 0
-end
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-if prune(KEYS[2], KEYS[3], now) > 0 then
-	expire(KEYS[1], KEYS[2], KEYS[3], w)
-else
-	vacate(KEYS[1], KEYS[2], KEYS[3], now, w, marked)
-end
-if marked then
-	local r = redis.pcall('PUBLISH', KEYS[1] .. ':released', '1')
-	if type(r) == 'table' and r.err then
-		return 2
-	end
-end
-return 1
+return release(KEYS[1], KEYS[2], KEYS[3], ARGV[1], now) -- in shared.lua

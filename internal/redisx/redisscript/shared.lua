@@ -145,3 +145,30 @@ local function refresh(lk, z, h, v, ttl, now)
 	return 1
 end
 
+-- release ends the shared lease v on lk (holders z, tokens h) if it is
+-- still valid at now, and wakes the waiters if a waiter has marked lk:
+-- releaseshared.lua's reply (see there), which it is.
+local function release(lk, z, h, v, now)
+	local kind, _, w, marked = parse(redis.call('GET', lk))
+	if kind ~= 's' then
+		return 0
+	end
+	local s = redis.call('ZSCORE', z, v)
+	if not s or tonumber(s) <= now then
+		return 0
+	end
+	redis.call('ZREM', z, v)
+	redis.call('HDEL', h, v)
+	if prune(z, h, now) > 0 then
+		expire(lk, z, h, w)
+	else
+		vacate(lk, z, h, now, w, marked)
+	end
+	if marked then
+		local r = redis.pcall('PUBLISH', lk .. ':released', '1')
+		if type(r) == 'table' and r.err then
+			return 2
+		end
+	end
+	return 1
+end
