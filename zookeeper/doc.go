@@ -84,8 +84,12 @@
 //     Permits ahead of it is no evidence (a request that mismatches is in
 //     the queue for a moment before it leaves; one that is granted is then
 //     a holder). A request queued behind such a waiter waits with it, and
-//     fails once that one holds, when it next looks (see below for what
-//     wakes it: the release of the writer that kept both out, say).
+//     fails once that one holds, when it next looks; but it is woken only
+//     by the nodes it watches (below), which need not include the one
+//     whose release let the other kind hold: it may then wait out the
+//     other kind's whole hold and be granted after it, its mismatch never
+//     reported (a known limitation; safe, as it is never granted beside
+//     holders of another Permits).
 //   - Fairness: FIFO. A reader or a permit queued behind a waiting writer
 //     waits for it, so writers are not starved; a writer on a semaphore's
 //     key waits for every permit ahead of it, and permits queued behind it
@@ -114,7 +118,8 @@
 //   - A permit of a semaphore of N watches the deletion of each of the N
 //     nodes nearest ahead of it (all of them, when fewer are ahead), and
 //     of the nearest writer further ahead (its deletion may grant shared
-//     nodes of another Permits ahead: a mismatch, reported then). While
+//     nodes of another Permits ahead: a mismatch, reported then, though
+//     not every such change wakes it, see above). While
 //     those N nodes are there, at least N nodes are ahead of it, or the
 //     same ones as when it looked: it cannot have been granted meanwhile,
 //     whichever nodes further ahead have gone. So no wake-up is missed,

@@ -264,8 +264,14 @@ func (d *Driver) watchTurn(ctx context.Context, parent string, t turn) (ev <-cha
 	// node ExistsW would leave a watch for its creation, which never
 	// comes. ev is read only once the call has returned (not when ctx
 	// ended first: it may still be running).
+	// The closure writes a variable of its own, never a result of
+	// watchTurn: when ctx ends first, d.read returns while the call may
+	// still be running (a data race on ev, seen under -race).
+	var got <-chan zk.Event
 	err = d.read(ctx, true, func() (err error) {
-		_, _, ev, err = d.conn.GetW(parent + "/" + t.wait[0])
+		var ch <-chan zk.Event
+		_, _, ch, err = d.conn.GetW(parent + "/" + t.wait[0])
+		got = ch
 		return err
 	})
 	nop := func() {}
@@ -275,7 +281,7 @@ func (d *Driver) watchTurn(ctx context.Context, parent string, t turn) (ev <-cha
 	case err != nil:
 		return nil, nop, false, err
 	}
-	return ev, nop, false, nil
+	return got, nop, false, nil
 }
 
 // goneWatch is the deletion watch of one lock node, shared by the permit
