@@ -290,9 +290,9 @@ func redisExpire(t *testing.T, ss []*servers.Server, prefix string, tokens bool)
 				continue // no lock on this server
 			}
 			dropped = true
-			n, err := strconv.ParseUint(v, 10, 64)
+			n, err := redisCounter(v)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("fencing counter %q: %w", v, err))
+				errs = append(errs, err)
 			}
 			token = dlock.Token(n)
 		}
@@ -373,3 +373,15 @@ func zkState(addr string) (mode string, epoch uint64, err error) {
 type zkQuiet struct{}
 
 func (zkQuiet) Printf(string, ...any) {}
+
+// redisCounter reads a Redis fencing counter's value: its number, which
+// tombstones of acquires cut short may follow for a minute ('!' and what
+// follows: the redis package's cut.lua, redisscript.CounterOf).
+func redisCounter(v string) (uint64, error) {
+	num, _, _ := strings.Cut(v, "!")
+	n, err := strconv.ParseUint(num, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("fencing counter %q: %w", v, err)
+	}
+	return n, nil
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"testing"
 	"time"
 
@@ -135,7 +134,7 @@ func redisLock(ctx context.Context, c *goredis.Client, prefix, key string) (pttl
 	}
 	pttl, _ = v[0].(int64)
 	s, _ := v[1].(string)
-	counter, err = strconv.ParseUint(s, 10, 64)
+	counter, err = redisCounter(s)
 	return pttl, counter, err
 }
 

@@ -264,9 +264,9 @@ func redisExpireShared(t *testing.T, srv *servers.Server) func(context.Context, 
 		}
 		var toks []dlock.Token
 		for _, v := range vs {
-			n, err := strconv.ParseUint(v, 10, 64)
+			n, err := redisCounter(v) // a token, or the counter (tombstones and all)
 			if err != nil {
-				return true, nil, fmt.Errorf("token %q: %w", v, err)
+				return true, nil, err
 			}
 			toks = append(toks, dlock.Token(n))
 		}
@@ -329,7 +329,7 @@ func redisState(ctx context.Context, c *goredis.Client, key string, token dlock.
 	case st.kind == 0 && len(v) == 3:
 		st.pttl, _ = v[1].(int64)
 		s, _ := v[2].(string)
-		st.counter, err = strconv.ParseUint(s, 10, 64)
+		st.counter, err = redisCounter(s)
 		return st, err
 	case (st.kind == 1 || st.kind == 3) && len(v) == 1:
 		return st, nil
