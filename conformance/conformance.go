@@ -1006,26 +1006,7 @@ func (s *suite) mutualExclusionUnderExpiry(t *testing.T) {
 		lost int // acquires that failed as the expiry hit a waiter
 		wg   sync.WaitGroup
 	)
-	stop := make(chan struct{})
-	expired := make(chan int)
-	go func() {
-		n := 0
-		defer func() { expired <- n }()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Duration(5+rand.IntN(25)) * time.Millisecond):
-			}
-			begin := time.Now()
-			if err := s.h.Expire(ctx, k); err != nil && ctx.Err() == nil {
-				t.Errorf("Expire: %v", err)
-				return
-			}
-			h.Expire(k, 0, begin, time.Now()) // the token dropped is not known
-			n++
-		}
-	}()
+	stopExpiries := s.injectExpiries(ctx, t, h, 5, 25, func() string { return k })
 	for i := range lockers {
 		l := s.locker(t)
 		for j := range perLocker {
@@ -1058,10 +1039,41 @@ func (s *suite) mutualExclusionUnderExpiry(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	close(stop)
-	n := <-expired
+	n := stopExpiries()
 	s.checkHistory(t, h, 1)
 	t.Logf("%d expiries injected; %d waiters dropped", n, lost)
+}
+
+// injectExpiries makes the server drop the leases on a key that pick
+// returns, every base to base+spread milliseconds, and records each drop in h
+// (the token dropped is not known), until the returned stop is called;
+// stop returns how many drops were made.
+func (s *suite) injectExpiries(ctx context.Context, t *testing.T, h *check.History, base, spread int, pick func() string) (stop func() int) {
+	done := make(chan struct{})
+	expired := make(chan int)
+	go func() {
+		n := 0
+		defer func() { expired <- n }()
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Duration(base+rand.IntN(spread)) * time.Millisecond):
+			}
+			k := pick()
+			begin := time.Now()
+			if err := s.h.Expire(ctx, k); err != nil && ctx.Err() == nil {
+				t.Errorf("Expire: %v", err)
+				return
+			}
+			h.Expire(k, 0, begin, time.Now())
+			n++
+		}
+	}()
+	return func() int {
+		close(done)
+		return <-expired
+	}
 }
 
 // closeWithQueuedWaiters: Close ends the Locker's waiting acquires with

@@ -408,30 +408,12 @@ func (s *suite) sharedHistory(t *testing.T) {
 	defer cancel()
 	h := check.NewHistory()
 	reg := check.NewRegister(h, rw)
-	stop := make(chan struct{})
-	expired := make(chan int)
-	go func() {
-		n := 0
-		defer func() { expired <- n }()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Duration(20+rand.IntN(60)) * time.Millisecond):
-			}
-			k := sem
-			if rand.IntN(2) == 0 {
-				k = rw
-			}
-			begin := time.Now()
-			if err := s.h.Expire(ctx, k); err != nil && ctx.Err() == nil {
-				t.Errorf("Expire: %v", err)
-				return
-			}
-			h.Expire(k, 0, begin, time.Now())
-			n++
+	stopExpiries := s.injectExpiries(ctx, t, h, 20, 60, func() string {
+		if rand.IntN(2) == 0 {
+			return rw
 		}
-	}()
+		return sem
+	})
 	var (
 		wg   sync.WaitGroup
 		busy atomic.Int32 // permits in use, as their holders count them
@@ -483,8 +465,7 @@ func (s *suite) sharedHistory(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	close(stop)
-	expiries := <-expired
+	expiries := stopExpiries()
 	s.checkHistory(t, h, 1)
 	shared, spans := 0, check.Validity(h)
 	for _, op := range h.Ops() {
