@@ -133,7 +133,8 @@ sempairs="redis:redisson-pes redis:redisson-sem zookeeper:curator etcd:naive"
 # lines: the median permits/s of dlock and of the peer over the passes,
 # dlock ÷ peer computed within each pass (the two ran minutes apart at
 # most, on the same servers) as median [min-max], the median peak of
-# permits held at once (dlock / peer), and the number of passes with both.
+# permits held at once and the median server ops and writes per permit
+# (dlock / peer), and the number of passes with both.
 # A pass begins at each "goos:" header (one per test binary).
 semratios() {
 	awk -v pairs="$sempairs" '
@@ -150,6 +151,8 @@ semratios() {
 		for (i = 3; i < NF; i += 2) {
 			if ($(i + 1) == "permits/s") rate[be, hold, lib, pass] = $i
 			if ($(i + 1) == "peak-held") peak[be, hold, lib, pass] = $i
+			if ($(i + 1) == "srv-ops/permit") ops[be, hold, lib, pass] = $i
+			if ($(i + 1) == "srv-writes/permit") wr[be, hold, lib, pass] = $i
 		}
 	}
 	END {
@@ -158,17 +161,21 @@ semratios() {
 			split(pr[k], bp, ":"); be = bp[1]; peer = bp[2]
 			nh = split(holds[be], hs, " ")
 			for (h = 1; h <= nh; h++) {
-				hold = hs[h]; n = 0; delete d; delete q; delete r; delete pd; delete pq
+				hold = hs[h]; n = 0; delete d; delete q; delete r; delete pd; delete pq; delete od; delete oq; delete wd; delete wq; no = nw = 0
 				for (ps = 1; ps <= pass; ps++) {
 					if (!((be, hold, "dlock", ps) in rate) || !((be, hold, peer, ps) in rate)) continue
 					n++; d[n] = rate[be, hold, "dlock", ps]; q[n] = rate[be, hold, peer, ps]
 					r[n] = q[n] > 0 ? d[n] / q[n] : 0
 					pd[n] = peak[be, hold, "dlock", ps]; pq[n] = peak[be, hold, peer, ps]
+					if ((be, hold, "dlock", ps) in ops && (be, hold, peer, ps) in ops) { no++; od[no] = ops[be, hold, "dlock", ps]; oq[no] = ops[be, hold, peer, ps] }
+					if ((be, hold, "dlock", ps) in wr && (be, hold, peer, ps) in wr) { nw++; wd[nw] = wr[be, hold, "dlock", ps]; wq[nw] = wr[be, hold, peer, ps] }
 				}
 				if (n == 0) continue
 				lo = hi = r[1]; for (i = 2; i <= n; i++) { if (r[i] < lo) lo = r[i]; if (r[i] > hi) hi = r[i] }
 				rm = med(r, n)
-				printf "| %s / %s | %s | %s | %s | %.2f [%.2f-%.2f] | %s / %s | %d |\n", be, peer, hold, f(med(d, n)), f(med(q, n)), rm, lo, hi, f(med(pd, n)), f(med(pq, n)), n
+				o = no ? f(med(od, no)) " / " f(med(oq, no)) : "n/a"
+				w = nw ? f(med(wd, nw)) " / " f(med(wq, nw)) : "n/a"
+				printf "| %s / %s | %s | %s | %s | %.2f [%.2f-%.2f] | %s / %s | %s | %s | %d |\n", be, peer, hold, f(med(d, n)), f(med(q, n)), rm, lo, hi, f(med(pd, n)), f(med(pq, n)), o, w, n
 			}
 		}
 	}' "$out/bench.txt"
@@ -235,8 +242,8 @@ has() {
 	if has Semaphore; then
 		echo "### semaphore: 16 workers, each its own client, N=4 (permits/s: medians over the passes; dlock ÷ peer per pass, median [min-max]; above 1 is dlock faster)"
 		echo
-		echo "| backend / peer | hold | dlock permits/s | peer permits/s | dlock ÷ peer | peak held (dlock / peer) | passes |"
-		echo "|---|---|---|---|---|---|---|"
+		echo "| backend / peer | hold | dlock permits/s | peer permits/s | dlock ÷ peer | peak held (dlock / peer) | server ops per permit | server writes per permit | passes |"
+		echo "|---|---|---|---|---|---|---|---|---|"
 		semratios
 		echo
 		for pair in $sempairs; do

@@ -11,9 +11,13 @@ package bench
 // of a semaphore of semPermits permits on one key, holding it H (0: pure
 // grant throughput; 1ms), and giving it back. Reported: permits/s (grants
 // per second, all workers together), cli-µs/op (client CPU per grant, the
-// whole process) and peak-held (the most permits held at once as the
-// workers saw them, from acquire's return to release's call; more than
-// semPermits fails the benchmark).
+// whole process), peak-held (the most permits held at once as the workers
+// saw them, from acquire's return to release's call; more than semPermits
+// fails the benchmark), and the servers' own counters per grant, from
+// when every worker's client is open to the last release:
+// srv-ops/permit (Redis: commands, a script's inner calls included; etcd:
+// gRPC messages received; ZooKeeper: packets received) and, on etcd and
+// ZooKeeper, srv-writes/permit (Raft proposals committed; zxids).
 //
 // backend=redis: Redisson's RPermitExpirableSemaphore and RSemaphore, their
 // scripts and waiting written again on go-redis (there is no Go library of
@@ -59,28 +63,42 @@ const (
 
 var semHolds = []time.Duration{0, time.Millisecond}
 
-// semBackends are the backends that serve shared leases, and their
-// libraries, dlock last. A lib's open makes one client (one process's
-// connections) and returns the maker of permit takers on keys: each
-// lockFunc takes one permit of semPermits on its key, blocking until it is
-// granted, and returns its release.
-var semBackends = []backendLibs{
-	{"redis", redisSemLibs},
-	{"etcd", etcdSemLibs},
-	{"zookeeper", zkSemLibs},
+// semBackend is a backend that serves shared leases: its libraries, dlock
+// last, and the reader of its servers' counters. A lib's open makes one
+// client (one process's connections) and returns the maker of permit
+// takers on keys: each lockFunc takes one permit of semPermits on its
+// key, blocking until it is granted, and returns its release. libs starts
+// the servers.
+type semBackend struct {
+	name  string
+	libs  func(b *testing.B) []lib
+	stats func(b *testing.B) func(context.Context) (serverStats, error)
+}
+
+var semBackends = []semBackend{
+	{"redis", redisSemLibs, func(b *testing.B) func(context.Context) (serverStats, error) {
+		return redisStats(b, servers.Redis(b, 1)[0].Addr())
+	}},
+	{"etcd", etcdSemLibs, func(b *testing.B) func(context.Context) (serverStats, error) {
+		return etcdStats(servers.Etcd(b, 1).Endpoints()...)
+	}},
+	{"zookeeper", zkSemLibs, func(b *testing.B) func(context.Context) (serverStats, error) {
+		return zkStats(servers.ZooKeeper(b, 1).Servers()...)
+	}},
 }
 
 // BenchmarkSemaphore: semWorkers workers, each with its own client, loop
 // acquire permit / hold / release on one semaphore of semPermits permits
-// (permits/s, cli-µs/op, peak-held).
+// (permits/s, cli-µs/op, peak-held, srv-ops/permit, srv-writes/permit).
 func BenchmarkSemaphore(b *testing.B) {
 	for _, be := range semBackends {
 		b.Run("backend="+be.name, func(b *testing.B) {
 			libs := be.libs(b)
+			stats := be.stats(b)
 			for _, hold := range semHolds {
 				for _, l := range libs {
 					b.Run(fmt.Sprintf("hold=%v/lib=%s", hold, l.name), func(b *testing.B) {
-						runSemaphore(b, l, hold)
+						runSemaphore(b, l, hold, stats)
 					})
 				}
 			}
@@ -90,12 +108,22 @@ func BenchmarkSemaphore(b *testing.B) {
 
 // runSemaphore runs b.N permit cycles of library l among semWorkers
 // workers, each with its own client, on a new key, holding each permit
-// for hold.
-func runSemaphore(b *testing.B, l lib, hold time.Duration) {
+// for hold; stats reads the servers' counters (once every worker's client
+// is open, and after the last release).
+func runSemaphore(b *testing.B, l lib, hold time.Duration, stats func(context.Context) (serverStats, error)) {
 	key := uniqueKey("sem")
-	var held, peak atomic.Int64
-	runCyclesAs(b, semWorkers, "permits/s", func(int) func() error {
+	var (
+		held, peak atomic.Int64
+		before     serverStats
+	)
+	runCyclesAs(b, semWorkers, "permits/s", func(i int) func() error {
 		take := l.open(b)(key)
+		if i == semWorkers-1 { // runCyclesAs makes them in order: all are open
+			var err error
+			if before, err = stats(b.Context()); err != nil {
+				b.Fatal(err)
+			}
+		}
 		return func() error {
 			ctx := context.Background()
 			release, err := take(ctx)
@@ -112,6 +140,15 @@ func runSemaphore(b *testing.B, l lib, hold time.Duration) {
 			return release(ctx)
 		}
 	})
+	after, err := stats(b.Context())
+	if err != nil {
+		b.Fatal(err)
+	}
+	d := after.sub(before)
+	b.ReportMetric(d.ops/float64(b.N), "srv-ops/permit")
+	if d.writes >= 0 {
+		b.ReportMetric(d.writes/float64(b.N), "srv-writes/permit")
+	}
 	b.ReportMetric(float64(peak.Load()), "peak-held")
 	if p := peak.Load(); p > semPermits {
 		b.Errorf("%s: %d permits of %d held at once", l.name, p, semPermits)
