@@ -17,7 +17,8 @@ var _ backend.Inspector = (*Driver)(nil)
 // writing nothing, and at most a bounded prefix of each value (enough for
 // any value a grant writes; a large value planted under the prefix is not
 // read whole; the key is reported held, it blocks every acquire, with
-// token 0).
+// token 0) and at most redisscript.MaxInspectHolders (1,000) of a key's
+// shared holders, each value and token cut the same way.
 //
 // An exclusive holder is reported as before shared leases: the token is
 // the counter, which holds the token of the last grant (the holder's) — 0

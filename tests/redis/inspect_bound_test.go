@@ -10,6 +10,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/dlock-go/dlock/internal/redisx/redisscript"
 	"github.com/dlock-go/dlock/redis"
 )
 
@@ -81,5 +82,49 @@ func TestInspectReadsBoundedValue(t *testing.T) {
 	// (no token: the counter is not a number).
 	if !info.Held || info.Token != 0 || info.Waiters != -1 {
 		t.Errorf("Inspect = %+v; want held, token 0, waiters -1", info)
+	}
+}
+
+// Inspect reads a bounded part of a key held by shared leases too: a
+// holder's value and a holder's token planted large under the prefix (the
+// holders' sorted set and tokens hash of a lock value that says "shared
+// holders") are cut, not read whole. Seen failing before the bound (issue
+// 24 read both whole: Inspect read 16 MiB).
+func TestInspectReadsBoundedSharedValues(t *testing.T) {
+	t.Parallel()
+	admin := serverClient(t)
+	key := uniqueKey(t)
+	lk := lockKey(key)
+	big := strings.Repeat("x", plantedSize)
+	far := float64(time.Now().Add(time.Hour).UnixMilli())
+	ctx := t.Context()
+	for _, err := range []error{
+		admin.Set(ctx, lk, "\x00s2:0", time.Minute).Err(),
+		admin.ZAdd(ctx, lk+redisscript.HoldersSuffix, goredis.Z{Score: far, Member: big}, goredis.Z{Score: far, Member: "small"}).Err(),
+		admin.HSet(ctx, lk+redisscript.TokensSuffix, "small", big).Err(),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		admin.Del(context.WithoutCancel(ctx), lk, lk+redisscript.HoldersSuffix, lk+redisscript.TokensSuffix)
+	})
+	var read atomic.Int64
+	l, err := redis.New(ctx, countingClient(t, serverAddr(t), &read), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	before := read.Load()
+	info, err := l.Inspect(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := read.Load() - before; got > maxInspectRead {
+		t.Errorf("Inspect read %d bytes from the server for %d-byte holder values; want at most %d", got, plantedSize, maxInspectRead)
+	}
+	if !info.Held || !info.Shared || info.Permits != 2 || len(info.Holders) != 2 {
+		t.Errorf("Inspect = %+v; want held by 2 shared holders of a semaphore of 2", info)
 	}
 }

@@ -26,6 +26,10 @@ import (
 // process that much memory, on every node for Redlock.
 const ValueBound = backend.MaxHolderLen + OwnerLen + 1
 
+// MaxInspectHolders is the most shared holders [InspectShared] reads of
+// one key: the first ones of its holders' sorted set (by expiry).
+const MaxInspectHolders = 1000
+
 // Snapshot is what [Inspect] reads of one lock on one server.
 type Snapshot struct {
 	// Held: the lock key exists.
@@ -197,13 +201,13 @@ var inspectScript = goredis.NewScript(inspectSrc)
 // nothing, in one script (inspect.lua: EVALSHA, or EVAL where the server
 // does not have it yet): atomic as a MULTI/EXEC would be, without the
 // rights to MULTI and EXEC. The clock, holders and tokens are read only
-// for a lock value of shared holders or a reservation. The holders and
-// tokens are read whole (every reader of a read-write lock, every permit
-// of a semaphore): their size is the number of leases, which the scripts
-// bound by pruning the expired ones.
+// for a lock value of shared holders or a reservation, and bounded as
+// the lock value is: at most [MaxInspectHolders] holders, each value and
+// token cut to [ValueBound] bytes, so that keys someone else made large
+// cost the inspecting process no more than that.
 func InspectShared(ctx context.Context, c goredis.Scripter, lk string) (SharedSnapshot, error) {
 	var s SharedSnapshot
-	r, err := inspectScript.Run(ctx, c, []string{lk, lk + FenceSuffix, lk + HoldersSuffix, lk + TokensSuffix}, ValueBound).Slice()
+	r, err := inspectScript.Run(ctx, c, []string{lk, lk + FenceSuffix, lk + HoldersSuffix, lk + TokensSuffix}, ValueBound, MaxInspectHolders).Slice()
 	if err != nil {
 		return s, err
 	}
@@ -246,19 +250,13 @@ func InspectShared(ctx context.Context, c goredis.Scripter, lk string) (SharedSn
 	sec, ok1 := r[4].(string)
 	usec, ok2 := r[5].(string)
 	members, ok3 := r[6].([]any)
-	kv, ok4 := r[7].([]any)
+	tokens, ok4 := r[7].([]any)
 	secs, err1 := strconv.ParseInt(sec, 10, 64)
 	usecs, err2 := strconv.ParseInt(usec, 10, 64)
-	if !ok1 || !ok2 || !ok3 || !ok4 || err1 != nil || err2 != nil || len(members)%2 != 0 || len(kv)%2 != 0 {
+	if !ok1 || !ok2 || !ok3 || !ok4 || err1 != nil || err2 != nil || len(members)%2 != 0 || len(tokens) != len(members)/2 {
 		return bad()
 	}
 	nowMs := secs*1000 + usecs/1000
-	tokens := make(map[string]string, len(kv)/2)
-	for i := 0; i+1 < len(kv); i += 2 {
-		k, _ := kv[i].(string)
-		t, _ := kv[i+1].(string)
-		tokens[k] = t
-	}
 	for i := 0; i+1 < len(members); i += 2 {
 		value, _ := members[i].(string)
 		sc, _ := members[i+1].(string)
@@ -270,7 +268,8 @@ func InspectShared(ctx context.Context, c goredis.Scripter, lk string) (SharedSn
 		if score <= nowMs {
 			continue // expired, not pruned yet
 		}
-		tok, _ := strconv.ParseUint(tokens[value], 10, 64)
+		t, _ := tokens[i/2].(string)
+		tok, _ := strconv.ParseUint(t, 10, 64)
 		s.Holders = append(s.Holders, SharedHolder{Token: tok, TTL: time.Duration(score-nowMs) * time.Millisecond, Holder: HolderOf(value)})
 	}
 	slices.SortStableFunc(s.Holders, func(a, b SharedHolder) int { return cmp.Compare(a.Token, b.Token) })
