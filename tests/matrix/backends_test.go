@@ -333,25 +333,32 @@ func awaitLeader(ctx context.Context, ss []*servers.Server, leads func(context.C
 	}
 }
 
+// zkFourLetter sends the four-letter word cmd to the ZooKeeper server at
+// addr and returns its answer.
+func zkFourLetter(addr, cmd string) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte(cmd)); err != nil {
+		return "", err
+	}
+	out, err := io.ReadAll(c)
+	return string(out), err
+}
+
 // zkState asks the ZooKeeper server at addr (four-letter word srvr)
 // for its mode and the epoch of its last zxid (its high 32 bits: the
 // leader's term).
 func zkState(addr string) (mode string, epoch uint64, err error) {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return "", 0, err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := c.Write([]byte("srvr")); err != nil {
-		return "", 0, err
-	}
-	out, err := io.ReadAll(c)
+	out, err := zkFourLetter(addr, "srvr")
 	if err != nil {
 		return "", 0, err
 	}
 	var zxid string
-	for line := range strings.Lines(string(out)) {
+	for line := range strings.Lines(out) {
 		if v, ok := strings.CutPrefix(line, "Mode: "); ok {
 			mode = strings.TrimSpace(v)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,7 +55,7 @@ func newAuditor(t *testing.T, b *backend, d *deployment) *auditor {
 			t.Fatal(err)
 		}
 		t.Cleanup(conn.Close)
-		return zkAuditor(conn)
+		return zkAuditor(conn, d.addrs())
 	}
 	t.Fatalf("no auditor for %s", b.name)
 	return nil
@@ -218,50 +219,108 @@ func redlockAuditor(cs []*goredis.Client) *auditor {
 }
 
 // zkAuditor: the lock node (the child of the key's node whose czxid is the
-// lease's token) must be there. The session's expiry is not checked: a
-// ZooKeeper server does not tell when it will expire a session. A shared
-// lease (issue 24) has a node of its own in the key's queue, found the
-// same way.
-func zkAuditor(conn *zk.Conn) *auditor {
-	find := func(le *check.Lease) (string, bool, error) {
+// lease's token) must be there, and the Deadline must not be past its
+// session's expiry as the leader has it (the leader expires sessions): the
+// four-letter word dump on the leader lists its sessions by the moment
+// they expire, rounded up to a tick, printed to the second (Java's
+// Date.toString, truncated), so a session expires before that second's
+// end, and only a Deadline more than that second's rest past the expiry is
+// seen. A shared lease (issue 24) has a node of its own in the key's
+// queue, found the same way.
+func zkAuditor(conn *zk.Conn, addrs []string) *auditor {
+	find := func(le *check.Lease) (string, *zk.Stat, error) {
 		parent := zookeeper.DefaultPrefix + "/" + le.Key()
 		// The admin's server may lag behind the client's: catch up
 		// with the leader first (reads are not linearizable).
 		if _, err := conn.Sync(parent); err != nil && !errors.Is(err, zk.ErrNoNode) {
-			return "", false, err
+			return "", nil, err
 		}
 		kids, _, err := conn.Children(parent)
 		if errors.Is(err, zk.ErrNoNode) {
-			return "", false, nil
+			return "", nil, nil
 		}
 		if err != nil {
-			return "", false, err
+			return "", nil, err
 		}
 		for _, k := range kids {
 			ok, st, err := conn.Exists(parent + "/" + k)
 			if err != nil {
-				return "", false, err
+				return "", nil, err
 			}
 			if ok && st.Czxid == int64(le.Token()) {
-				return parent + "/" + k, true, nil
+				return parent + "/" + k, st, nil
 			}
 		}
-		return "", false, nil
+		return "", nil, nil
 	}
 	return &auditor{
-		held: func(_ context.Context, le *check.Lease, _ time.Time) (string, error) {
-			_, ok, err := find(le)
-			if err != nil || ok {
+		held: func(_ context.Context, le *check.Lease, dl time.Time) (string, error) {
+			_, st, err := find(le)
+			if err != nil {
 				return "", err
 			}
-			return fmt.Sprintf("its lock node (czxid %d) is gone", le.Token()), nil
+			if st == nil {
+				return fmt.Sprintf("its lock node (czxid %d) is gone", le.Token()), nil
+			}
+			exp, err := zkSessionExpiry(addrs, st.EphemeralOwner)
+			if err != nil {
+				return "", err
+			}
+			if dl.After(exp.Add(auditSlack)) {
+				return fmt.Sprintf("its session 0x%x expires by %v on the leader, %v before the Deadline",
+					st.EphemeralOwner, exp.Format(time.TimeOnly), dl.Sub(exp).Round(time.Millisecond)), nil
+			}
+			return "", nil
 		},
 		released: func(_ context.Context, le *check.Lease) (string, error) {
-			path, ok, err := find(le)
-			if err != nil || !ok {
+			path, st, err := find(le)
+			if err != nil || st == nil {
 				return "", err
 			}
 			return fmt.Sprintf("its lock node %s is still there", path), nil
 		},
 	}
+}
+
+// zkSessionExpiry returns when the ZooKeeper leader among addrs expires
+// session id at the latest: the end of the second its dump prints for it
+// (the bucket the session is in: "N expire at Fri Nov 27 02:03:47 UTC
+// 2026:" followed by the sessions, one per line, "\t0x…"). An error if no
+// server answers as the leader, or the leader does not list the session.
+func zkSessionExpiry(addrs []string, id int64) (time.Time, error) {
+	want := fmt.Sprintf("0x%x", id)
+	var errs []error
+	for _, a := range addrs {
+		out, err := zkFourLetter(a, "dump")
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !strings.Contains(out, "Session Sets (") {
+			continue // a follower: its dump lists no expiries
+		}
+		var at time.Time
+		for line := range strings.Lines(out) {
+			line = strings.TrimSpace(line)
+			if _, d, ok := strings.Cut(line, " expire at "); ok && !strings.HasPrefix(line, "ip:") {
+				t, err := time.Parse("Mon Jan 02 15:04:05 MST 2006", strings.TrimSuffix(d, ":"))
+				if err != nil || (t.Location().String() != "UTC" && t.Location().String() != "GMT") {
+					return time.Time{}, fmt.Errorf("dump on %s: the expiry %q is not a UTC date: %v", a, d, err)
+				}
+				at = t
+				continue
+			}
+			if line == want {
+				if at.IsZero() {
+					return time.Time{}, fmt.Errorf("dump on %s: session %s listed before any expiry", a, want)
+				}
+				return at.Add(time.Second), nil
+			}
+			if strings.HasPrefix(line, "ephemeral nodes dump") {
+				break
+			}
+		}
+		return time.Time{}, fmt.Errorf("dump on the leader %s: session %s not listed (expired?)", a, want)
+	}
+	return time.Time{}, fmt.Errorf("no ZooKeeper server answered dump as the leader: %w", errors.Join(errs...))
 }

@@ -1,0 +1,6 @@
+//go:build race
+
+package matrix_test
+
+// raceDetector: this test binary was built with -race (see explorer.resets).
+const raceDetector = true
