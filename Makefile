@@ -35,14 +35,17 @@ matrix:
 .PHONY: explore soak
 explore:
 	DLOCK_EXPLORE_SEED=$(SEED) DLOCK_EXPLORE_BACKEND=$(BACKEND) DLOCK_EXPLORE_BUDGET=$(BUDGET) DLOCK_TEST_RACE=$(RACE) \
-		scripts/test.sh -run TestExplore -v -timeout 0 ./tests/matrix/
+		scripts/test.sh -run TestExplore -v -timeout 0 -parallel 4 ./tests/matrix/
 
 # Runs of the explorer with fresh seeds, one after another per backend
-# (backends in parallel), for DURATION (default 1h); BACKEND and BUDGET
-# and RACE as for explore:  make soak DURATION=1h
+# (the four backends in parallel: -parallel 4, since go test runs only
+# GOMAXPROCS parallel tests at once by default, and on a 2-core machine
+# two backends would wait for the others' whole soak before starting
+# theirs), for DURATION (default 1h); BACKEND, BUDGET and RACE as for
+# explore:  make soak DURATION=1h
 soak:
 	DLOCK_EXPLORE_SOAK=$(or $(DURATION),1h) DLOCK_EXPLORE_BACKEND=$(BACKEND) DLOCK_EXPLORE_BUDGET=$(BUDGET) DLOCK_TEST_RACE=$(RACE) \
-		scripts/test.sh -run TestExplore -v -timeout 0 ./tests/matrix/
+		scripts/test.sh -run TestExplore -v -timeout 0 -parallel 4 ./tests/matrix/
 
 # gofmt, go vet over every module, every module's go.mod/go.sum tidy on
 # its own (GOWORK=off: in the workspace a module could use a requirement

@@ -87,7 +87,10 @@ import (
 //   - DLOCK_EXPLORE_BUDGET: how long each run issues operations (default
 //     60s; servers' start and the check come on top);
 //   - DLOCK_EXPLORE_SOAK: keep starting runs with fresh seeds, per
-//     backend, until this much time has passed (default 0: one run).
+//     backend, until this much time has passed from the backend's start
+//     (default 0: one run); go test runs GOMAXPROCS parallel tests at
+//     once, so pass -parallel 4 (make soak does) or, on a 2-core
+//     machine, two backends start only after the others' whole soak.
 //
 // `make explore SEED=N BACKEND=B` replays a run, `make soak DURATION=1h`
 // soaks; `make test` runs one run per backend with a fresh seed, under
