@@ -10,8 +10,9 @@
 //
 // run.sh sets the servers up as `make test` does (scripts/test.sh
 // --setup-only); the test binary starts them through tests/servers
-// (Redis ×5, a single-member etcd cluster, a standalone ZooKeeper server)
-// and every library of a backend runs against the same ones:
+// (Redis ×5, a single-member and a 3-member etcd cluster, a standalone
+// ZooKeeper server and a 3-server ensemble) and every library of a backend
+// runs against the same ones:
 //
 //   - BenchmarkCycle/backend=B/w=W/lib=L: uncontended acquire + release,
 //     W = 1 and 16 workers sharing one client, each worker on its own key
@@ -35,7 +36,9 @@
 // compare-and-delete), bsm/redislock, redsync with one pool, dlock;
 // backend=redlock: redsync with five pools, dlock; backend=etcd:
 // concurrency.Mutex with a reused Session and with a Session per lock,
-// dlock; backend=zookeeper: go-zookeeper's zk.Lock, dlock. The semaphore's
+// dlock; backend=zookeeper: go-zookeeper's zk.Lock, dlock; backend=etcd3
+// and backend=zookeeper3: the same on the 3-member cluster and ensemble
+// (BenchmarkCycle and BenchmarkHandoff). The semaphore's
 // peers (semaphore_test.go): backend=redis: Redisson's
 // RPermitExpirableSemaphore and RSemaphore written again on go-redis;
 // backend=zookeeper: Curator's InterProcessSemaphoreV2 written again on

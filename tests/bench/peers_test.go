@@ -10,6 +10,9 @@ package bench
 // backend=etcd (a single-member cluster): concurrency.Mutex on a reused
 // Session, concurrency.Mutex with a Session per lock, dlock.
 // backend=zookeeper (a standalone server): go-zookeeper zk.Lock, dlock.
+// backend=etcd3 and backend=zookeeper3: the same on a 3-member cluster
+// and a 3-server ensemble (every client of a library given every
+// member; a write is then a quorum's).
 // `benchstat -col /lib` puts the libraries of a backend side by side; see
 // run.sh for the per-pair tables (peer as the base column).
 
@@ -75,8 +78,10 @@ type backendLibs struct {
 var peerBackends = []backendLibs{
 	{"redis", redisLibs},
 	{"redlock", redlockLibs},
-	{"etcd", etcdLibs},
-	{"zookeeper", zkLibs},
+	{"etcd", func(b *testing.B) []lib { return etcdLibs(b, 1) }},
+	{"zookeeper", func(b *testing.B) []lib { return zkLibs(b, 1) }},
+	{"etcd3", func(b *testing.B) []lib { return etcdLibs(b, 3) }},
+	{"zookeeper3", func(b *testing.B) []lib { return zkLibs(b, 3) }},
 }
 
 // BenchmarkCycle: one uncontended lock cycle (acquire + release, through
@@ -296,8 +301,9 @@ func newEtcdClient(tb testing.TB, endpoints []string) *clientv3.Client {
 	return c
 }
 
-func etcdLibs(b *testing.B) []lib {
-	eps := servers.Etcd(b, 1).Endpoints()
+// etcdLibs: the etcd libraries on the shared etcd cluster of n members.
+func etcdLibs(b *testing.B, n int) []lib {
+	eps := servers.Etcd(b, n).Endpoints()
 	ttl := int(peerTTL / time.Second)
 	return []lib{
 		// mutex-reused: one long-lived Session per worker (every lock
@@ -368,8 +374,9 @@ func newZKConn(tb testing.TB, srv []string) *zk.Conn {
 	return c
 }
 
-func zkLibs(b *testing.B) []lib {
-	srv := servers.ZooKeeper(b, 1).Servers()
+// zkLibs: the ZooKeeper libraries on the shared ensemble of n servers.
+func zkLibs(b *testing.B, n int) []lib {
+	srv := servers.ZooKeeper(b, n).Servers()
 	if _, err := newZKConn(b, srv).Create("/zklock", nil, 0, zk.WorldACL(zk.PermAll)); err != nil && err != zk.ErrNodeExists {
 		b.Fatal(err)
 	}

@@ -92,7 +92,7 @@ fi
 # servers' start-up log goes to stderr, but be safe).
 grep -E '^(Benchmark|goos:|goarch:|pkg:|cpu:)' "$out/raw.txt" >"$out/bench.txt"
 
-pairs="redis:raw redis:redislock redis:redsync redlock:redsync etcd:mutex-reused etcd:mutex-session zookeeper:zklock"
+pairs="redis:raw redis:redislock redis:redsync redlock:redsync etcd:mutex-reused etcd:mutex-session zookeeper:zklock etcd3:mutex-reused etcd3:mutex-session zookeeper3:zklock"
 
 # ratios BACKEND PEER: one Markdown row, dlock ÷ peer of the benchstat
 # medians (cycles/s at W=1 and W=16, handoffs/s under contention; the
