@@ -260,7 +260,12 @@ func zkAuditor(conn *zk.Conn, addrs []string) *auditor {
 				return "", err
 			}
 			if st == nil {
-				return fmt.Sprintf("its lock node (czxid %d) is gone", le.Token()), nil
+				// For the report: what the leader holds under the
+				// key (its dump lists every session's ephemeral
+				// nodes), as the auditor's own server may be the
+				// one that is wrong.
+				return fmt.Sprintf("its lock node (czxid %d) is gone (the auditor's server %s; %s)",
+					le.Token(), conn.Server(), zkLeaderEphemerals(addrs, zookeeper.DefaultPrefix+"/"+le.Key()+"/")), nil
 			}
 			exp, err := zkSessionExpiry(addrs, st.EphemeralOwner)
 			if err != nil {
@@ -280,6 +285,31 @@ func zkAuditor(conn *zk.Conn, addrs []string) *auditor {
 			return fmt.Sprintf("its lock node %s is still there", path), nil
 		},
 	}
+}
+
+// zkLeaderEphemerals describes, for a report, the ephemeral nodes whose
+// path begins with prefix that the ZooKeeper leader among addrs lists
+// (its dump, by session).
+func zkLeaderEphemerals(addrs []string, prefix string) string {
+	for _, a := range addrs {
+		out, err := zkFourLetter(a, "dump")
+		if err != nil || !strings.Contains(out, "Session Sets (") {
+			continue
+		}
+		var found []string
+		session := ""
+		for line := range strings.Lines(out) {
+			t := strings.TrimSpace(line)
+			switch {
+			case strings.HasPrefix(t, "0x") && strings.HasSuffix(t, ":"):
+				session = strings.TrimSuffix(t, ":")
+			case strings.HasPrefix(t, prefix):
+				found = append(found, t+" (session "+session+")")
+			}
+		}
+		return fmt.Sprintf("the leader %s lists %d ephemeral nodes under the key: %s", a, len(found), strings.Join(found, ", "))
+	}
+	return "no leader answered dump"
 }
 
 // zkSessionExpiry returns when the ZooKeeper leader among addrs expires
