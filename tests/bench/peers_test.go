@@ -69,32 +69,64 @@ type lib struct {
 }
 
 // backendLibs is a backend and its libraries, dlock last; libs starts the
-// servers.
+// servers, stats reads their counters (see serverStats).
 type backendLibs struct {
-	name string
-	libs func(b *testing.B) []lib
+	name  string
+	libs  func(b *testing.B) []lib
+	stats func(b *testing.B) func(context.Context) (serverStats, error)
 }
 
 var peerBackends = []backendLibs{
-	{"redis", redisLibs},
-	{"redlock", redlockLibs},
-	{"etcd", func(b *testing.B) []lib { return etcdLibs(b, 1) }},
-	{"zookeeper", func(b *testing.B) []lib { return zkLibs(b, 1) }},
-	{"etcd3", func(b *testing.B) []lib { return etcdLibs(b, 3) }},
-	{"zookeeper3", func(b *testing.B) []lib { return zkLibs(b, 3) }},
+	{"redis", redisLibs, func(b *testing.B) func(context.Context) (serverStats, error) {
+		return redisStats(b, servers.Redis(b, 1)[0].Addr())
+	}},
+	{"redlock", redlockLibs, func(b *testing.B) func(context.Context) (serverStats, error) {
+		var as []string
+		for _, s := range servers.Redis(b, 5) {
+			as = append(as, s.Addr())
+		}
+		return redisStats(b, as...)
+	}},
+	{"etcd", func(b *testing.B) []lib { return etcdLibs(b, 1) }, func(b *testing.B) func(context.Context) (serverStats, error) {
+		return etcdStats(servers.Etcd(b, 1).Endpoints()...)
+	}},
+	{"zookeeper", func(b *testing.B) []lib { return zkLibs(b, 1) }, func(b *testing.B) func(context.Context) (serverStats, error) {
+		return zkStats(servers.ZooKeeper(b, 1).Servers()...)
+	}},
+	{"etcd3", func(b *testing.B) []lib { return etcdLibs(b, 3) }, func(b *testing.B) func(context.Context) (serverStats, error) {
+		return etcdStats(servers.Etcd(b, 3).Endpoints()...)
+	}},
+	{"zookeeper3", func(b *testing.B) []lib { return zkLibs(b, 3) }, func(b *testing.B) func(context.Context) (serverStats, error) {
+		return zkStats(servers.ZooKeeper(b, 3).Servers()...)
+	}},
 }
 
 // BenchmarkCycle: one uncontended lock cycle (acquire + release, through
 // each library's blocking acquire), with 1 and 16 workers sharing one
-// client of the library, each worker on its own key.
+// client of the library, each worker on its own key; with the servers'
+// work per cycle (srv-ops/op, and srv-writes/op or srv-cpu-µs/op where
+// the backend tells, see serverStats; other clients' work on the same
+// servers meanwhile counts too, and a Locker's background work).
 func BenchmarkCycle(b *testing.B) {
 	for _, be := range peerBackends {
 		b.Run("backend="+be.name, func(b *testing.B) {
 			libs := be.libs(b)
+			stats := be.stats(b)
 			for _, w := range []int{1, 16} {
 				for _, l := range libs {
 					b.Run(fmt.Sprintf("w=%d/lib=%s", w, l.name), func(b *testing.B) {
 						mk := l.open(b)
+						before, err := stats(b.Context())
+						if err != nil {
+							b.Fatal(err)
+						}
+						defer func() {
+							after, err := stats(b.Context())
+							if err != nil {
+								b.Fatal(err)
+							}
+							after.sub(before).report(b, b.N, "op")
+						}()
 						runCycles(b, w, func(int) func() error {
 							lock := mk(uniqueKey("cycle"))
 							return func() error {

@@ -144,11 +144,7 @@ func runSemaphore(b *testing.B, l lib, hold time.Duration, stats func(context.Co
 	if err != nil {
 		b.Fatal(err)
 	}
-	d := after.sub(before)
-	b.ReportMetric(d.ops/float64(b.N), "srv-ops/permit")
-	if d.writes >= 0 {
-		b.ReportMetric(d.writes/float64(b.N), "srv-writes/permit")
-	}
+	after.sub(before).report(b, b.N, "permit")
 	b.ReportMetric(float64(peak.Load()), "peak-held")
 	if p := peak.Load(); p > semPermits {
 		b.Errorf("%s: %d permits of %d held at once", l.name, p, semPermits)

@@ -183,19 +183,40 @@ type serverStats struct {
 	ops    float64 // requests the servers processed
 	writes float64 // replicated writes (etcd proposals, ZooKeeper zxids); -1 if not known
 	conns  float64 // client connections now; -1 if not known
+	// cpu is the servers' main-thread CPU time in µs (Redis: INFO cpu
+	// used_cpu_sys_main_thread + used_cpu_user_main_thread, which covers
+	// reading, running and answering every command); -1 if not known.
+	cpu float64
 }
 
 // sub returns s - o for the counters (conns stays s's).
 func (s serverStats) sub(o serverStats) serverStats {
-	d := serverStats{ops: s.ops - o.ops, writes: -1, conns: s.conns}
+	d := serverStats{ops: s.ops - o.ops, writes: -1, conns: s.conns, cpu: -1}
 	if s.writes >= 0 && o.writes >= 0 {
 		d.writes = s.writes - o.writes
+	}
+	if s.cpu >= 0 && o.cpu >= 0 {
+		d.cpu = s.cpu - o.cpu
 	}
 	return d
 }
 
+// report reports the counters d (after.sub(before)) per unit of n (such
+// as "op" or "permit"): srv-ops, and srv-writes and srv-cpu-µs where the
+// backend tells.
+func (d serverStats) report(b *testing.B, n int, unit string) {
+	b.ReportMetric(d.ops/float64(n), "srv-ops/"+unit)
+	if d.writes >= 0 {
+		b.ReportMetric(d.writes/float64(n), "srv-writes/"+unit)
+	}
+	if d.cpu >= 0 {
+		b.ReportMetric(d.cpu/float64(n), "srv-cpu-µs/"+unit)
+	}
+}
+
 // redisStats reads INFO stats total_commands_processed (which counts the
-// INFO calls too) and INFO clients connected_clients of every address.
+// INFO calls too, and a script's inner calls), INFO clients
+// connected_clients and INFO cpu's main-thread CPU time of every address.
 func redisStats(tb testing.TB, addrs ...string) func(context.Context) (serverStats, error) {
 	cs := make([]*goredis.Client, len(addrs))
 	for i, a := range addrs {
@@ -205,13 +226,14 @@ func redisStats(tb testing.TB, addrs ...string) func(context.Context) (serverSta
 	return func(ctx context.Context) (serverStats, error) {
 		s := serverStats{writes: -1}
 		for _, c := range cs {
-			info, err := c.Info(ctx, "stats", "clients").Result()
+			info, err := c.Info(ctx, "stats", "clients", "cpu").Result()
 			if err != nil {
 				return s, err
 			}
 			f := infoFields(info)
 			s.ops += f["total_commands_processed"]
 			s.conns += f["connected_clients"] - 1 // not this reader's own
+			s.cpu += (f["used_cpu_sys_main_thread"] + f["used_cpu_user_main_thread"]) * 1e6
 		}
 		return s, nil
 	}
@@ -243,7 +265,7 @@ func infoFields(text string) map[string]float64 {
 // proposals committed (etcd_server_proposals_committed_total).
 func etcdStats(endpoints ...string) func(context.Context) (serverStats, error) {
 	return func(ctx context.Context) (serverStats, error) {
-		s := serverStats{conns: -1}
+		s := serverStats{conns: -1, cpu: -1}
 		for _, ep := range endpoints {
 			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ep+"/metrics", nil)
 			if err != nil {
@@ -292,7 +314,7 @@ func etcdStats(endpoints ...string) func(context.Context) (serverStats, error) {
 // causes).
 func zkStats(addrs ...string) func(context.Context) (serverStats, error) {
 	return func(ctx context.Context) (serverStats, error) {
-		var s serverStats
+		s := serverStats{cpu: -1}
 		for _, a := range addrs {
 			mntr, err := fourLetter(ctx, a, "mntr")
 			if err != nil {
