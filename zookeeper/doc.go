@@ -226,6 +226,12 @@
 // that granted the lease) was in force on that connection before the
 // probe was sent. The driver's one event loop marks a lease lost on that
 // event; a lease not so marked when the probe returns is still ours.
+// (Connected to the leader itself, the sync is answered at once, and the
+// leader applies a commit, sending its events, only after sending it to
+// the followers: a deletion of our node by another client allowed to
+// delete it may reach us just after the reply. The session's own end
+// cannot: the leader marks a session closing before proposing its end,
+// and refuses its sync from then on.)
 //
 // One probe serves every lease: refreshes that come while a probe is in
 // flight share the next one, and [Driver.RefreshBatch] (the dlock layer's

@@ -298,7 +298,14 @@ func (d *Driver) runProbes(p *probe) {
 // the server closes the connection of an expired session before replying.
 // Every node deletion the leader had committed before the sync was sent to
 // us as a watch event before the reply, for each node whose watch was in
-// force on that connection before the sync was sent.
+// force on that connection before the sync was sent. One exception, when
+// we are connected to the leader itself: ZooKeeper answers a sync of the
+// leader's own client at once, and the leader applies a commit (and sends
+// its watch events) only after sending it to the followers, so a deletion
+// by another client (one allowed to delete our node: outside the lock's
+// guarantees, see doc.go) may reach us shortly after the reply. Our
+// session's end is not such a deletion: the leader marks a session closing
+// before it proposes its end, and then refuses the sync (session expired).
 func (d *Driver) sendProbe(p *probe) error {
 	if st := d.conn.State(); st != zk.StateHasSession {
 		return fmt.Errorf("%w: zookeeper: not connected (%v)", backend.ErrUnavailable, st)

@@ -55,6 +55,9 @@ func newAuditor(t *testing.T, b *backend, d *deployment) *auditor {
 			t.Fatal(err)
 		}
 		t.Cleanup(conn.Close)
+		if _, err := conn.Create(zkBarrier, nil, 0, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			t.Fatal(err)
+		}
 		return zkAuditor(conn, d.addrs())
 	}
 	t.Fatalf("no auditor for %s", b.name)
@@ -228,15 +231,34 @@ func redlockAuditor(cs []*goredis.Client) *auditor {
 // seen. A shared lease (issue 24) has a node of its own in the key's
 // queue, found the same way.
 func zkAuditor(conn *zk.Conn, addrs []string) *auditor {
+	// errBehind: the auditor's server had not yet applied the lease's
+	// create when it answered (see find).
+	errBehind := errors.New("the auditor's server has not applied the lock node's create yet")
 	find := func(le *check.Lease) (string, *zk.Stat, error) {
 		parent := zookeeper.DefaultPrefix + "/" + le.Key()
 		// The admin's server may lag behind the client's: catch up
-		// with the leader first (reads are not linearizable).
+		// with the leader first (reads are not linearizable). That is
+		// not enough on the leader itself: ZooKeeper (3.8) answers a
+		// sync of the leader's own client at once, and the leader
+		// applies a commit only after sending it to the followers, so
+		// a read on the leader may miss a create that the client's
+		// server has applied and answered. A miss therefore counts
+		// only from a server that has applied the create: the key's
+		// node (or, if that is gone, the prefix's) has a Pzxid (the
+		// zxid of the last change to its children) at least the
+		// token (the create's zxid); else the audit is unanswered.
 		if _, err := conn.Sync(parent); err != nil && !errors.Is(err, zk.ErrNoNode) {
 			return "", nil, err
 		}
-		kids, _, err := conn.Children(parent)
+		kids, pst, err := conn.Children(parent)
 		if errors.Is(err, zk.ErrNoNode) {
+			ok, st, err := conn.Exists(zookeeper.DefaultPrefix)
+			switch {
+			case err != nil:
+				return "", nil, err
+			case !ok || st.Pzxid < int64(le.Token()):
+				return "", nil, errBehind
+			}
 			return "", nil, nil
 		}
 		if err != nil {
@@ -251,6 +273,9 @@ func zkAuditor(conn *zk.Conn, addrs []string) *auditor {
 				return parent + "/" + k, st, nil
 			}
 		}
+		if pst.Pzxid < int64(le.Token()) {
+			return "", nil, errBehind
+		}
 		return "", nil, nil
 	}
 	return &auditor{
@@ -262,8 +287,7 @@ func zkAuditor(conn *zk.Conn, addrs []string) *auditor {
 			if st == nil {
 				// For the report: what the leader holds under the
 				// key (its dump lists every session's ephemeral
-				// nodes), as the auditor's own server may be the
-				// one that is wrong.
+				// nodes).
 				return fmt.Sprintf("its lock node (czxid %d) is gone (the auditor's server %s; %s)",
 					le.Token(), conn.Server(), zkLeaderEphemerals(addrs, zookeeper.DefaultPrefix+"/"+le.Key()+"/")), nil
 			}
@@ -280,6 +304,16 @@ func zkAuditor(conn *zk.Conn, addrs []string) *auditor {
 		released: func(_ context.Context, le *check.Lease) (string, error) {
 			path, st, err := find(le)
 			if err != nil || st == nil {
+				return "", err
+			}
+			// Still there: perhaps on a server that has not applied
+			// the release's delete yet (see find). A write of the
+			// auditor's own is answered once its server has applied
+			// every earlier transaction: look again after one.
+			if _, err := conn.Set(zkBarrier, nil, -1); err != nil {
+				return "", err
+			}
+			if path, st, err = find(le); err != nil || st == nil {
 				return "", err
 			}
 			return fmt.Sprintf("its lock node %s is still there", path), nil
@@ -311,6 +345,10 @@ func zkLeaderEphemerals(addrs []string, prefix string) string {
 	}
 	return "no leader answered dump"
 }
+
+// zkBarrier is a node the ZooKeeper auditor writes to wait until its
+// server has applied every earlier transaction.
+const zkBarrier = "/dlock-explore-audit-barrier"
 
 // zkSessionExpiry returns when the ZooKeeper leader among addrs expires
 // session id at the latest: the end of the second its dump prints for it
