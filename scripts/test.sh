@@ -476,42 +476,32 @@ if [ -n "${DLOCK_TEST_LOG:-}" ]; then
 else
 	log=$(mktemp "${TMPDIR:-/tmp}/dlock-test-$(date +%Y%m%d-%H%M%S)-XXXXXX.log")
 fi
-note "full log: $log"
-summary() {
-	grep -E '^(ok|FAIL|panic:|\?|--- PASS: TestConformance|--- (FAIL|SKIP)|\s+--- (FAIL|SKIP)|\s+[a-z_]+\.go:[0-9]+:)' "$1" |
+# run LOG ARGS...: go test ARGS, its verbose output to LOG; prints the
+# summary (each package's result, every top-level test of the conformance
+# suite, anything that failed or skipped) and the explorer's seeds and
+# verdicts (a failed run's seed replays it: make explore SEED=N BACKEND=B),
+# and exits on failure.
+run() {
+	local out=$1 status=0 start=$SECONDS
+	shift
+	note "full log: $out"
+	# -timeout 30m: tests/matrix (the fault matrix and the explorer)
+	# takes several minutes on a loaded machine, near go test's default
+	# of 10.
+	go test -count=1 -timeout 30m -v "$@" >"$out" 2>&1 || status=$?
+	grep -E '^(ok|FAIL|panic:|\?|--- PASS: TestConformance|--- (FAIL|SKIP)|\s+--- (FAIL|SKIP)|\s+[a-z_]+\.go:[0-9]+:)' "$out" |
 		sed -E 's/^--- PASS: (TestConformance[^ ]*)/    conformance suite passed: \1/' || true
+	grep -E 'seed [0-9]+ \(replay|violations: ' "$out" | sed -E 's/^ +/    /' || true
+	note "go test finished in $((SECONDS - start))s with status $status (full log: $out)"
+	if [ "$status" -ne 0 ]; then
+		note "last lines of $out:"
+		tail -n 40 "$out" >&2
+		exit "$status"
+	fi
 }
-# seeds prints the explorer's seeds and verdicts (a failed run's seed
-# replays it: make explore SEED=N BACKEND=B).
-seeds() {
-	grep -E 'seed [0-9]+ \(replay|violations: ' "$1" | sed -E 's/^ +/    /' || true
-}
-start=$SECONDS
-status=0
-# -timeout 30m: tests/matrix (the fault matrix and the explorer) takes
-# several minutes on a loaded machine, near go test's default of 10.
-go test $race -count=1 -timeout 30m -v "$@" >"$log" 2>&1 || status=$?
-summary "$log"
-seeds "$log"
-note "go test finished in $((SECONDS - start))s with status $status (full log: $log)"
-if [ "$status" -ne 0 ]; then
-	note "last lines of $log:"
-	tail -n 40 "$log" >&2
-	exit "$status"
-fi
+run "$log" $race "$@"
 if $have_pkg || [ -z "$race" ]; then
 	exit 0
 fi
 step "go test -count=1 -run TestExplore ./tests/matrix/ on ZooKeeper, without -race (step 6)"
-log2=${log%.log}-explore-zookeeper.log
-note "full log: $log2"
-start=$SECONDS
-DLOCK_EXPLORE_BACKEND=ZooKeeper go test -count=1 -timeout 30m -v -run TestExplore ./tests/matrix/ >"$log2" 2>&1 || status=$?
-summary "$log2"
-seeds "$log2"
-note "go test finished in $((SECONDS - start))s with status $status (full log: $log2)"
-if [ "$status" -ne 0 ]; then
-	note "last lines of $log2:"
-	tail -n 40 "$log2" >&2
-fi
-exit "$status"
+DLOCK_EXPLORE_BACKEND=ZooKeeper run "${log%.log}-explore-zookeeper.log" -run TestExplore ./tests/matrix/
