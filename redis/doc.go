@@ -77,7 +77,7 @@
 // The acquires and releases of goroutines that share one Driver (one
 // Locker) go to the server together: a script call that finds another
 // acquire or release of the driver in flight joins a queue, and a flusher
-// goroutine (at most two per Driver at a time, started on demand and gone
+// goroutine (at most four per Driver at a time, started on demand and gone
 // when the queue is empty) sends everything queued as one go-redis
 // pipeline on the driver's client (a group commit). Under load this cuts
 // the system calls, on both sides, from a few per command to a few per
