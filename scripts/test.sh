@@ -478,9 +478,9 @@ else
 fi
 # run LOG ARGS...: go test ARGS, its verbose output to LOG; prints the
 # summary (each package's result, every top-level test of the conformance
-# suite, anything that failed or skipped) and the explorer's seeds and
-# verdicts (a failed run's seed replays it: make explore SEED=N BACKEND=B),
-# and exits on failure.
+# suite, anything that failed or skipped, and the tests' log lines, such
+# as the explorer's seeds and verdicts: a failed run's seed replays it,
+# make explore SEED=N BACKEND=B), and exits on failure.
 run() {
 	local out=$1 status=0 start=$SECONDS
 	shift
@@ -491,7 +491,6 @@ run() {
 	go test -count=1 -timeout 30m -v "$@" >"$out" 2>&1 || status=$?
 	grep -E '^(ok|FAIL|panic:|\?|--- PASS: TestConformance|--- (FAIL|SKIP)|\s+--- (FAIL|SKIP)|\s+[a-z_]+\.go:[0-9]+:)' "$out" |
 		sed -E 's/^--- PASS: (TestConformance[^ ]*)/    conformance suite passed: \1/' || true
-	grep -E 'seed [0-9]+ \(replay|violations: ' "$out" | sed -E 's/^ +/    /' || true
 	note "go test finished in $((SECONDS - start))s with status $status (full log: $out)"
 	if [ "$status" -ne 0 ]; then
 		note "last lines of $out:"
