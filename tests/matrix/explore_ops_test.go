@@ -66,8 +66,8 @@ type explorer struct {
 	// answer into it); the race detector fails the run on either,
 	// though neither is dlock's. Without -race they are drawn on
 	// ZooKeeper too: scripts/test.sh runs the ZooKeeper explorer a
-	// second time without -race (and `make explore`/`make soak` run
-	// it so).
+	// second time without -race (and `make explore`/`make soak` do
+	// with RACE=off).
 	resets bool
 
 	mu       sync.Mutex
