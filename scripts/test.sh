@@ -2,8 +2,8 @@
 # scripts/test.sh — the one test command for dlock (`make test` runs it).
 #
 # It makes real servers available and then runs `go test -race -count=1`
-# (and, on a run of every package, the ZooKeeper explorer a second time
-# without -race: see step 6):
+# (and, on a run of every package, the ZooKeeper explorer and tests/zookeeper
+# a second time without -race: see step 6):
 #
 #   1. installs missing Debian packages when running as root (docker.io,
 #      and debootstrap only when a Debian-based stand-in image must be built);
@@ -34,8 +34,11 @@
 #      -race: only there does it draw connection resets, server kills and
 #      Close during an operation on ZooKeeper, as the go-zookeeper client
 #      has data races of its own on those paths (see tests/matrix
-#      explorer.resets). DLOCK_TEST_RACE=off drops -race from any run
-#      (make explore/soak RACE=off).
+#      explorer.resets). For the same reason it runs tests/zookeeper once
+#      more without -race: its tests that reconnect a client with watches
+#      set skip themselves under -race (see reconnects there).
+#      DLOCK_TEST_RACE=off drops -race from any run (make explore/soak
+#      RACE=off).
 #
 # Usage:
 #   scripts/test.sh                      # go test -race -count=1 over every module of go.work
@@ -504,3 +507,5 @@ if $have_pkg || [ -z "$race" ]; then
 fi
 step "go test -count=1 -run TestExplore ./tests/matrix/ on ZooKeeper, without -race (step 6)"
 DLOCK_EXPLORE_BACKEND=ZooKeeper run "${log%.log}-explore-zookeeper.log" -run TestExplore ./tests/matrix/
+step "go test -count=1 ./tests/zookeeper/, without -race (step 6)"
+run "${log%.log}-zookeeper.log" ./tests/zookeeper/

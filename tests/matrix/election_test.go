@@ -501,7 +501,10 @@ func electionChild() int {
 		endedAt := <-ended
 		cause := context.Cause(lctx)
 		if errors.Is(cause, dlock.ErrLeaseLost) {
-			<-le.Done() // reported by reportLease before it stops
+			// Done has fired or is about to: wait until reportLease has
+			// sent "lost", so that the parent has it before "ended".
+			<-le.Done()
+			stopReports()
 		}
 		cio.send(pauseMsg{Ev: "ended", Start: endedAt.UnixNano(), End: time.Now().UnixNano(), Err: pauseErrText(cause),
 			LeaseLost: errors.Is(cause, dlock.ErrLeaseLost)})

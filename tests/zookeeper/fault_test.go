@@ -198,10 +198,11 @@ type cutFixture struct {
 	key   string
 }
 
-// newCutFixture marks t parallel and starts a cutFixture on a server of its
-// own.
+// newCutFixture marks t parallel and as one that reconnects, and starts a
+// cutFixture on a server of its own.
 func newCutFixture(t *testing.T) *cutFixture {
 	t.Helper()
+	reconnects(t)
 	t.Parallel()
 	f := &cutFixture{cut: &cutter{}}
 	f.srv = servers.ZooKeeper(t, 1).Servers()
@@ -313,6 +314,7 @@ func TestCancelledDuringCreate(t *testing.T) {
 // holder's node would end that lease too, its Done firing, so the cell's
 // checker would see no overlap).
 func TestSessionExpired(t *testing.T) {
+	reconnects(t)
 	t.Parallel()
 	srv := servers.ZooKeeper(t, 1).Servers()
 	cut := &cutter{}
@@ -361,6 +363,7 @@ func TestSessionExpired(t *testing.T) {
 // a leader kill and restart are the fault matrix's KillRestart cell,
 // tests/matrix.)
 func TestEnsembleFailures(t *testing.T) {
+	reconnects(t)
 	t.Parallel()
 	e, err := servers.StartZooKeeper(t.Context(), 3)
 	if err != nil {

@@ -92,3 +92,19 @@ func uniqueKey(tb testing.TB) string {
 	_, _ = rand.Read(b[:])
 	return strings.ReplaceAll(tb.Name(), "/", ".") + "." + hex.EncodeToString(b[:])
 }
+
+// reconnects marks a test whose client loses its connection while it has
+// watches set and requests in flight, and reconnects. go-zookeeper v1.0.4
+// has a data race of its own there: on a reconnect, sendSetWatches reads
+// Conn.lastZxid while the new connection's recvLoop writes it (conn.go,
+// lines 614 and 849), and the race detector fails any test that hits it,
+// about one CI run in several. Under -race such a test is skipped;
+// scripts/test.sh runs this package again without -race (step 6), where it
+// runs. dlock's own code on those paths runs under -race in the explorer
+// and the fault matrix.
+func reconnects(t *testing.T) {
+	t.Helper()
+	if raceDetector {
+		t.Skip("reconnects with watches set: go-zookeeper v1.0.4's lastZxid data race; runs in scripts/test.sh's pass without -race (step 6)")
+	}
+}

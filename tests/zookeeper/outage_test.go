@@ -140,6 +140,7 @@ func TestCreateLostThenUnreachable(t *testing.T) {
 // on): it keeps trying and is granted the lock once the client is back,
 // well within its session timeout.
 func TestWaiterRidesOutNoServer(t *testing.T) {
+	reconnects(t)
 	t.Parallel()
 	srv := servers.ZooKeeper(t, 1).Servers()
 	admin := adminConn(t, srv)
@@ -234,6 +235,7 @@ func TestTryAcquireLeavesNoNode(t *testing.T) {
 // one reconnect cycle of the client; (3) once the server is back, no node
 // of theirs is left and the lock serves again.
 func TestEnsembleStopped(t *testing.T) {
+	reconnects(t)
 	t.Parallel()
 	e, err := servers.StartZooKeeper(t.Context(), 1)
 	if err != nil {
@@ -342,6 +344,7 @@ func TestEnsembleStopped(t *testing.T) {
 // its timeout) while still cut off, without a ctx deadline. No node is left
 // once it is back.
 func TestWaiterSessionExpires(t *testing.T) {
+	reconnects(t)
 	t.Parallel()
 	srv := servers.ZooKeeper(t, 1).Servers()
 	admin := adminConn(t, srv)

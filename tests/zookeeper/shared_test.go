@@ -851,6 +851,7 @@ func TestPermitsMismatchOnlyWithHolders(t *testing.T) {
 // grant (a write the stalled one never made): the two were granted about
 // 11.5s after the release.
 func TestStalledPermitWaiterBlocksNobody(t *testing.T) {
+	reconnects(t)
 	t.Parallel()
 	const session = 12 * time.Second
 	srv := servers.ZooKeeper(t, 1).Servers()

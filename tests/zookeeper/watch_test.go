@@ -119,6 +119,7 @@ func TestWatchChangesDirectoryReaped(t *testing.T) {
 // its watches again, the server reports what changed since), and the
 // watch goes on.
 func TestWatchChangesThroughLostConnection(t *testing.T) {
+	reconnects(t)
 	t.Parallel()
 	srv := servers.ZooKeeper(t, 1).Servers()
 	cut := &cutter{}

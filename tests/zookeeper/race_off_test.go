@@ -1,0 +1,6 @@
+//go:build !race
+
+package zookeeper_test
+
+// raceDetector: this test binary was built with -race (see reconnects).
+const raceDetector = false
