@@ -3,6 +3,7 @@ package bench
 // dlock beside its peers, on the same servers in the same run:
 //
 //	BenchmarkCycle/backend=B/w=W/lib=L    uncontended cycles, W workers, each its own key
+//	                                      (w=16c: and each its own client)
 //	BenchmarkHandoff/backend=B/lib=L      8 workers on one key, hold 0
 //
 // backend=redis (one server): raw go-redis, bsm/redislock, redsync (1
@@ -101,9 +102,19 @@ var peerBackends = []backendLibs{
 	}},
 }
 
+// cycleShapes are BenchmarkCycle's worker shapes: w=1 and w=16 share one
+// client of the library (one process with 16 goroutines), w=16c gives
+// each of its 16 workers a client of its own (16 processes: on ZooKeeper
+// a session each, on Redis and etcd connections of their own).
+var cycleShapes = []struct {
+	name             string
+	workers, clients int
+}{{"1", 1, 1}, {"16", 16, 1}, {"16c", 16, 16}}
+
 // BenchmarkCycle: one uncontended lock cycle (acquire + release, through
 // each library's blocking acquire), with 1 and 16 workers sharing one
-// client of the library, each worker on its own key; with the servers'
+// client of the library and 16 workers with a client each (see
+// cycleShapes), each worker on its own key; with the servers'
 // work per cycle (srv-ops/op, and srv-writes/op or srv-cpu-µs/op where
 // the backend tells, see serverStats; other clients' work on the same
 // servers meanwhile counts too, and a Locker's background work).
@@ -112,10 +123,15 @@ func BenchmarkCycle(b *testing.B) {
 		b.Run("backend="+be.name, func(b *testing.B) {
 			libs := be.libs(b)
 			stats := be.stats(b)
-			for _, w := range []int{1, 16} {
+			for _, sh := range cycleShapes {
 				for _, l := range libs {
-					b.Run(fmt.Sprintf("w=%d/lib=%s", w, l.name), func(b *testing.B) {
-						mk := l.open(b)
+					b.Run(fmt.Sprintf("w=%s/lib=%s", sh.name, l.name), func(b *testing.B) {
+						// The clients (closed by b's cleanup, after each
+						// round of b.N).
+						mks := make([]func(key string) lockFunc, sh.clients)
+						for i := range mks {
+							mks[i] = l.open(b)
+						}
 						before, err := stats(b.Context())
 						if err != nil {
 							b.Fatal(err)
@@ -127,8 +143,8 @@ func BenchmarkCycle(b *testing.B) {
 							}
 							after.sub(before).report(b, b.N, "op")
 						}()
-						runCycles(b, w, func(int) func() error {
-							lock := mk(uniqueKey("cycle"))
+						runCycles(b, sh.workers, func(i int) func() error {
+							lock := mks[i%len(mks)](uniqueKey("cycle"))
 							return func() error {
 								unlock, err := lock(context.Background())
 								if err != nil {
