@@ -2,5 +2,5 @@
 
 package matrix_test
 
-// raceDetector: this test binary was built with -race (see explorer.resets).
+// raceDetector: whether this test binary was built with -race (see explorer.resets).
 const raceDetector = true

@@ -2,5 +2,5 @@
 
 package zookeeper_test
 
-// raceDetector: this test binary was built with -race (see reconnects).
+// raceDetector: whether this test binary was built with -race (see reconnects).
 const raceDetector = false
