@@ -101,8 +101,9 @@ func uniqueKey(tb testing.TB) string {
 // about one CI run in several. Under -race such a test is skipped;
 // scripts/test.sh runs this package again without -race on a full run
 // (step 6), where it runs (or by hand: DLOCK_TEST_RACE=off
-// scripts/test.sh ./tests/zookeeper/). dlock's own code on those paths runs under -race in the explorer
-// and the fault matrix.
+// scripts/test.sh ./tests/zookeeper/). dlock's own code on those paths
+// still runs under -race in the fault matrix's ZooKeeper cells (server
+// kills, partitions), where the race has not fired so far.
 func reconnects(t *testing.T) {
 	t.Helper()
 	if raceDetector {
