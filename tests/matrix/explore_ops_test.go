@@ -185,7 +185,7 @@ func (x *explorer) carried(id int) string {
 func newExplorer(t *testing.T, e *env, seed uint64) *explorer {
 	x := &explorer{t: t, e: e, seed: seed, regs: map[string]*check.Register{},
 		cfaults: map[string][]window{}, leases: map[int]exploreLease{}, failedRelease: map[clientv3.LeaseID][]int{}, traces: map[int][]string{}, nemesisServers: true,
-		resets: e.b.name != bZooKeeper || !raceDetector}
+		resets: e.b.name != bZooKeeper || !servers.RaceDetector}
 	for i := range exploreKeys {
 		k := fmt.Sprintf("x%d-k%d", seed%100000, i)
 		x.keys = append(x.keys, k)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/check"
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // The explorer (issue 20, section 4): where the matrix runs fixed
@@ -190,7 +191,7 @@ func exploreKnobs() (exploreSettings, error) {
 // budget, then the check.
 func explore(t *testing.T, b *backend, seed uint64, budget time.Duration) {
 	norace := ""
-	if !raceDetector {
+	if !servers.RaceDetector {
 		norace = " RACE=off" // ZooKeeper draws other faults without -race (explorer.resets)
 	}
 	replay := fmt.Sprintf("seed %d (replay: make explore SEED=%d BACKEND=%s%s; the same draws, timing may differ)", seed, seed, b.name, norace)

@@ -106,7 +106,7 @@ func uniqueKey(tb testing.TB) string {
 // kills, partitions), where the race has not fired so far.
 func reconnects(t *testing.T) {
 	t.Helper()
-	if raceDetector {
+	if servers.RaceDetector {
 		t.Skip("reconnects with watches set: go-zookeeper v1.0.4's lastZxid data race; runs without -race (scripts/test.sh step 6 on a full run, or DLOCK_TEST_RACE=off scripts/test.sh ./tests/zookeeper/)")
 	}
 }
