@@ -40,8 +40,8 @@ func TestMain(m *testing.M) {
 const (
 	// failoverLease is the lease time of every configuration.
 	failoverLease = 3 * time.Second
-	// zkTick is the test ZooKeeper servers' tickTime (tests/servers).
-	zkTick = 200 * time.Millisecond
+	// zkTick is the test ZooKeeper servers' tickTime.
+	zkTick = servers.ZooKeeperTick
 	// zkTTL is the longest Election TTL a session of failoverLease
 	// allows (package zookeeper: timeout - timeout/3 - tickTime).
 	zkTTL = failoverLease - failoverLease/3 - zkTick

@@ -60,9 +60,9 @@ type deployOptions struct {
 // of the session, zkSession - zkSession/3 - zkTick = 4s, exactly.
 const zkSession = 6300 * time.Millisecond
 
-// zkTick is the test servers' tickTime (tests/servers), passed to
-// the ZooKeeper backend as tick_time: it enters the bound on TTLs.
-const zkTick = 200 * time.Millisecond
+// zkTick is the test servers' tickTime, passed to the ZooKeeper backend
+// as tick_time: it enters the bound on TTLs.
+const zkTick = servers.ZooKeeperTick
 
 // deployment is a running set of servers for one cell.
 type deployment struct {

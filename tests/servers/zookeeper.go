@@ -7,7 +7,24 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
+
+// ZooKeeperTick is the test servers' tickTime: fast, since the lock
+// backend's tests use short sessions. Sessions may last from 2 ticks up to
+// 2 minutes (the conformance suite asks for leases of up to a minute, and
+// the backend needs a session at least as long as the lease's TTL).
+const ZooKeeperTick = 200 * time.Millisecond
+
+// zookeeperSyncLimit is the ensembles' syncLimit, in ticks.
+const zookeeperSyncLimit = 5
+
+// ZooKeeperSyncTimeout is syncLimit ticks: an ensemble member that hears
+// nothing from its leader (or a leader from a follower) for this long
+// leaves the quorum, and drops its clients' connections when it comes
+// back. A fault meant to leave every client connected (a pause of a
+// member) must stay shorter.
+const ZooKeeperSyncTimeout = zookeeperSyncLimit * ZooKeeperTick
 
 // zookeeperDir is the directory, inside the container, that holds a
 // server's zoo.cfg and its data directory (dataDir, with the myid file of an
@@ -37,13 +54,9 @@ func zookeeperConfig(p *plan, i int, tls bool) string {
 		"clientPortAddress=" + m.bind,
 	}
 	lines := []string{
-		// Fast ticks: the lock backend's tests use short sessions. Sessions
-		// may last from 2 ticks up to 2 minutes (the conformance suite asks
-		// for leases of up to a minute, and the backend needs a session at
-		// least as long as the lease's TTL).
-		"tickTime=200",
+		"tickTime=" + strconv.FormatInt(ZooKeeperTick.Milliseconds(), 10),
 		"initLimit=10",
-		"syncLimit=5",
+		"syncLimit=" + strconv.Itoa(zookeeperSyncLimit),
 		"minSessionTimeout=400",
 		"maxSessionTimeout=120000",
 		"dataDir=" + zookeeperDir + "/data",
