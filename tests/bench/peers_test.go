@@ -89,16 +89,16 @@ var peerBackends = []backendLibs{
 		return redisStats(b, as...)
 	}},
 	{"etcd", func(b *testing.B) []lib { return etcdLibs(b, 1) }, func(b *testing.B) func(context.Context) (serverStats, error) {
-		return etcdStats(servers.Etcd(b, 1).Endpoints()...)
+		return etcdStats(servers.Etcd(b, 1).Members...)
 	}},
 	{"zookeeper", func(b *testing.B) []lib { return zkLibs(b, 1) }, func(b *testing.B) func(context.Context) (serverStats, error) {
-		return zkStats(servers.ZooKeeper(b, 1).Servers()...)
+		return zkStats(servers.ZooKeeper(b, 1).Members...)
 	}},
 	{"etcd3", func(b *testing.B) []lib { return etcdLibs(b, 3) }, func(b *testing.B) func(context.Context) (serverStats, error) {
-		return etcdStats(servers.Etcd(b, 3).Endpoints()...)
+		return etcdStats(servers.Etcd(b, 3).Members...)
 	}},
 	{"zookeeper3", func(b *testing.B) []lib { return zkLibs(b, 3) }, func(b *testing.B) func(context.Context) (serverStats, error) {
-		return zkStats(servers.ZooKeeper(b, 3).Servers()...)
+		return zkStats(servers.ZooKeeper(b, 3).Members...)
 	}},
 }
 

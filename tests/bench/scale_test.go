@@ -70,7 +70,8 @@ var scaleBackends = []scaleBackend{
 		}, redisStats(tb, addrs...)
 	}},
 	{"etcd", func(tb testing.TB) (func(testing.TB) *dlock.Locker, func(context.Context) (serverStats, error)) {
-		eps := servers.Etcd(tb, 1).Endpoints()
+		cl := servers.Etcd(tb, 1)
+		eps := cl.Endpoints()
 		return func(tb testing.TB) *dlock.Locker {
 			l, err := etcd.New(tb.Context(), newEtcdClient(tb, eps), &etcd.Options{Locker: &dlock.Options{Logger: quiet}})
 			if err != nil {
@@ -78,10 +79,11 @@ var scaleBackends = []scaleBackend{
 			}
 			tb.Cleanup(func() { _ = l.Close() })
 			return l
-		}, etcdStats(eps...)
+		}, etcdStats(cl.Members...)
 	}},
 	{"zookeeper", func(tb testing.TB) (func(testing.TB) *dlock.Locker, func(context.Context) (serverStats, error)) {
-		srv := servers.ZooKeeper(tb, 1).Servers()
+		ens := servers.ZooKeeper(tb, 1)
+		srv := ens.Servers()
 		return func(tb testing.TB) *dlock.Locker {
 			l, err := zookeeper.New(tb.Context(), srv, &zookeeper.Options{SessionTimeout: zkSession, Locker: &dlock.Options{Logger: quiet}})
 			if err != nil {
@@ -89,7 +91,7 @@ var scaleBackends = []scaleBackend{
 			}
 			tb.Cleanup(func() { _ = l.Close() })
 			return l
-		}, zkStats(srv...)
+		}, zkStats(ens.Members...)
 	}},
 }
 

@@ -80,10 +80,10 @@ var semBackends = []semBackend{
 		return redisStats(b, servers.Redis(b, 1)[0].Addr())
 	}},
 	{"etcd", etcdSemLibs, func(b *testing.B) func(context.Context) (serverStats, error) {
-		return etcdStats(servers.Etcd(b, 1).Endpoints()...)
+		return etcdStats(servers.Etcd(b, 1).Members...)
 	}},
 	{"zookeeper", zkSemLibs, func(b *testing.B) func(context.Context) (serverStats, error) {
-		return zkStats(servers.ZooKeeper(b, 1).Servers()...)
+		return zkStats(servers.ZooKeeper(b, 1).Members...)
 	}},
 }
 

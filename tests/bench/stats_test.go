@@ -22,6 +22,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock/tests/servers"
 )
 
 // runCycles runs b.N calls of the workers' cycle functions, shared among w
@@ -183,9 +185,12 @@ type serverStats struct {
 	ops    float64 // requests the servers processed
 	writes float64 // replicated writes (etcd proposals, ZooKeeper zxids); -1 if not known
 	conns  float64 // client connections now; -1 if not known
-	// cpu is the servers' main-thread CPU time in µs (Redis: INFO cpu
-	// used_cpu_sys_main_thread + used_cpu_user_main_thread, which covers
-	// reading, running and answering every command); -1 if not known.
+	// cpu is the servers' CPU time in µs: on Redis the main thread's
+	// (INFO cpu used_cpu_sys_main_thread + used_cpu_user_main_thread,
+	// which covers reading, running and answering every command), on
+	// etcd and ZooKeeper every process of the servers' containers
+	// (Server.CPU: the Docker engine's account, all threads, the JVM's
+	// too); -1 if not known.
 	cpu float64
 }
 
@@ -262,11 +267,18 @@ func infoFields(text string) map[string]float64 {
 // etcdStats reads each member's /metrics: ops are gRPC messages received
 // (grpc_server_msg_received_total, every method and stream message, so a
 // keepalive on a stream counts once per message), writes are Raft
-// proposals committed (etcd_server_proposals_committed_total).
-func etcdStats(endpoints ...string) func(context.Context) (serverStats, error) {
+// proposals committed (etcd_server_proposals_committed_total); cpu is the
+// members' containers' (Server.CPU).
+func etcdStats(members ...*servers.Server) func(context.Context) (serverStats, error) {
 	return func(ctx context.Context) (serverStats, error) {
-		s := serverStats{conns: -1, cpu: -1}
-		for _, ep := range endpoints {
+		s := serverStats{conns: -1}
+		for _, m := range members {
+			ep := m.Addr()
+			cpu, err := m.CPU(ctx)
+			if err != nil {
+				return s, err
+			}
+			s.cpu += float64(cpu.Microseconds())
 			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ep+"/metrics", nil)
 			if err != nil {
 				return s, err
@@ -307,15 +319,22 @@ func etcdStats(endpoints ...string) func(context.Context) (serverStats, error) {
 	}
 }
 
-// zkStats asks each server the four-letter words mntr (ops:
+// zkStats takes the servers' containers' cpu (Server.CPU) and asks each
+// server the four-letter words mntr (ops:
 // zk_packets_received; conns: zk_num_alive_connections, less this
 // reader's) and srvr (writes: the zxid's counter, which every write
 // transaction bumps; it restarts at a new epoch, which no benchmark here
 // causes).
-func zkStats(addrs ...string) func(context.Context) (serverStats, error) {
+func zkStats(members ...*servers.Server) func(context.Context) (serverStats, error) {
 	return func(ctx context.Context) (serverStats, error) {
-		s := serverStats{cpu: -1}
-		for _, a := range addrs {
+		var s serverStats
+		for _, m := range members {
+			a := m.Addr()
+			cpu, err := m.CPU(ctx)
+			if err != nil {
+				return s, err
+			}
+			s.cpu += float64(cpu.Microseconds())
 			mntr, err := fourLetter(ctx, a, "mntr")
 			if err != nil {
 				return s, err

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -207,6 +208,29 @@ func (s *Server) Pause(ctx context.Context) error {
 		return fmt.Errorf("servers: pause %s: %w", s.kind.name, err)
 	}
 	return nil
+}
+
+// CPU returns the CPU time (user and system) that every process of the
+// server's container has used since the container started, as the Docker
+// engine accounts it; benchmarks take the difference of two readings.
+func (s *Server) CPU(ctx context.Context) (time.Duration, error) {
+	cli, err := dockerClient(ctx)
+	if err != nil {
+		return 0, err
+	}
+	res, err := cli.ContainerStats(ctx, s.c.GetContainerID(), client.ContainerStatsOptions{})
+	if err != nil {
+		return 0, fmt.Errorf("servers: stats of %s: %w", s, err)
+	}
+	defer res.Body.Close()
+	var st container.StatsResponse
+	if err := json.NewDecoder(res.Body).Decode(&st); err != nil {
+		return 0, fmt.Errorf("servers: stats of %s: %w", s, err)
+	}
+	if st.CPUStats.CPUUsage.TotalUsage == 0 {
+		return 0, fmt.Errorf("servers: stats of %s: no CPU usage reported", s)
+	}
+	return time.Duration(st.CPUStats.CPUUsage.TotalUsage), nil
 }
 
 // Unpause resumes a server frozen by Pause.
