@@ -161,8 +161,18 @@ func TestSharedEtcd(t *testing.T) {
 		t.Fatalf("Etcd(t, 1) = %v: want one member", c)
 	}
 	cli := etcdClient(t, c.Endpoints()...)
-	if err := etcdPut(t.Context(), cli, t.Name(), "v"); err != nil {
-		t.Fatalf("Put: %v", err)
+	before, err := c.Members[0].CPU(t.Context())
+	if err != nil {
+		t.Fatalf("CPU: %v", err)
+	}
+	for range 100 {
+		if err := etcdPut(t.Context(), cli, t.Name(), "v"); err != nil {
+			t.Fatalf("Put: %v", err)
+		}
+	}
+	// The container's CPU time grows with the work the member did.
+	if after, err := c.Members[0].CPU(t.Context()); err != nil || after <= before {
+		t.Fatalf("CPU after 100 puts = %v, %v: want more than before (%v)", after, err, before)
 	}
 	if again := servers.Etcd(t, 1); again != c {
 		t.Fatalf("second Etcd(t, 1) call returned another cluster instead of the shared one")
