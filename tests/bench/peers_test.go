@@ -115,8 +115,8 @@ var cycleShapes = []struct {
 // each library's blocking acquire), with 1 and 16 workers sharing one
 // client of the library and 16 workers with a client each (see
 // cycleShapes), each worker on its own key; with the servers'
-// work per cycle (srv-ops/op, and srv-writes/op or srv-cpu-µs/op where
-// the backend tells, see serverStats; other clients' work on the same
+// work per cycle (srv-ops/op, srv-cpu-µs/op, and srv-writes/op where the
+// backend tells, see serverStats; other clients' work on the same
 // servers meanwhile counts too, and a Locker's background work).
 func BenchmarkCycle(b *testing.B) {
 	for _, be := range peerBackends {

@@ -16,8 +16,9 @@ package bench
 // fails the benchmark), and the servers' own counters per grant, from
 // when every worker's client is open to the last release:
 // srv-ops/permit (Redis: commands, a script's inner calls included; etcd:
-// gRPC messages received; ZooKeeper: packets received) and, on etcd and
-// ZooKeeper, srv-writes/permit (Raft proposals committed; zxids).
+// gRPC messages received; ZooKeeper: packets received), on etcd and
+// ZooKeeper srv-writes/permit (Raft proposals committed; zxids), and
+// srv-cpu-µs/permit (see serverStats.cpu).
 //
 // backend=redis: Redisson's RPermitExpirableSemaphore and RSemaphore, their
 // scripts and waiting written again on go-redis (there is no Go library of
@@ -89,7 +90,8 @@ var semBackends = []semBackend{
 
 // BenchmarkSemaphore: semWorkers workers, each with its own client, loop
 // acquire permit / hold / release on one semaphore of semPermits permits
-// (permits/s, cli-µs/op, peak-held, srv-ops/permit, srv-writes/permit).
+// (permits/s, cli-µs/op, peak-held, srv-ops/permit, srv-writes/permit,
+// srv-cpu-µs/permit).
 func BenchmarkSemaphore(b *testing.B) {
 	for _, be := range semBackends {
 		b.Run("backend="+be.name, func(b *testing.B) {

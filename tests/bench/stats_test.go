@@ -264,6 +264,16 @@ func infoFields(text string) map[string]float64 {
 	return m
 }
 
+// addCPU returns cpu (µs; -1 if not known) plus m's container's CPU
+// time, or -1 if either is not known (an engine that reports none).
+func addCPU(ctx context.Context, cpu float64, m *servers.Server) float64 {
+	t, err := m.CPU(ctx)
+	if err != nil || cpu < 0 {
+		return -1
+	}
+	return cpu + float64(t.Microseconds())
+}
+
 // etcdStats reads each member's /metrics: ops are gRPC messages received
 // (grpc_server_msg_received_total, every method and stream message, so a
 // keepalive on a stream counts once per message), writes are Raft
@@ -274,11 +284,7 @@ func etcdStats(members ...*servers.Server) func(context.Context) (serverStats, e
 		s := serverStats{conns: -1}
 		for _, m := range members {
 			ep := m.Addr()
-			cpu, err := m.CPU(ctx)
-			if err != nil {
-				return s, err
-			}
-			s.cpu += float64(cpu.Microseconds())
+			s.cpu = addCPU(ctx, s.cpu, m)
 			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ep+"/metrics", nil)
 			if err != nil {
 				return s, err
@@ -330,11 +336,7 @@ func zkStats(members ...*servers.Server) func(context.Context) (serverStats, err
 		var s serverStats
 		for _, m := range members {
 			a := m.Addr()
-			cpu, err := m.CPU(ctx)
-			if err != nil {
-				return s, err
-			}
-			s.cpu += float64(cpu.Microseconds())
+			s.cpu = addCPU(ctx, s.cpu, m)
 			mntr, err := fourLetter(ctx, a, "mntr")
 			if err != nil {
 				return s, err
