@@ -56,7 +56,8 @@ type explorer struct {
 	expire func(ctx context.Context, key string) (bool, []dlock.Token, error)
 	// resets: faults may reset a client's connections (Cut, FailNext,
 	// a server killed, a cut-off long enough for the client to
-	// reconnect), and a client's Locker may be closed during an
+	// reconnect, a ZooKeeper member paused past the ensemble's sync
+	// limit), and a client's Locker may be closed during an
 	// operation. Not on ZooKeeper in a binary built with -race: the
 	// go-zookeeper client (v1.0.4) has a data race on Conn.lastZxid
 	// between recvLoop and sendSetWatches when it reconnects with
@@ -970,16 +971,22 @@ func (x *explorer) nemesis() {
 				// and drops its clients' connections when it runs again.
 				// They would reconnect with watches set, the path of
 				// go-zookeeper's lastZxid race (see resets); a 1s cap did
-				// that on a busy CI machine.
-				pause = min(pause, servers.ZooKeeperSyncTimeout*2/5)
+				// that on a busy CI machine. The draw scaled down, to
+				// 60-400ms (2/5 of the sync limit).
+				pause = pause * (servers.ZooKeeperSyncTimeout * 2 / 5) / (2 * time.Second)
 			}
 			x.add("fault server paused")
 			start := time.Now()
 			sctx, cancel := context.WithTimeout(ctx, time.Minute)
 			perr := srv.Pause(sctx)
+			paused := time.Now()
 			time.Sleep(pause)
 			uerr := srv.Unpause(sctx)
 			cancel()
+			if took := time.Since(paused); !x.resets && took > servers.ZooKeeperSyncTimeout*4/5 {
+				// Say so: the member may have dropped its clients.
+				x.t.Logf("nemesis: %v paused for %v (drawn %v), near the ensemble's sync limit (%v): a slow machine", srv, took.Round(time.Millisecond), pause, servers.ZooKeeperSyncTimeout)
+			}
 			if perr != nil || uerr != nil {
 				x.t.Errorf("nemesis: pause %v: %v", srv, errors.Join(perr, uerr))
 			}

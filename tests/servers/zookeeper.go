@@ -57,7 +57,7 @@ func zookeeperConfig(p *plan, i int, tls bool) string {
 		"tickTime=" + strconv.FormatInt(ZooKeeperTick.Milliseconds(), 10),
 		"initLimit=10",
 		"syncLimit=" + strconv.Itoa(zookeeperSyncLimit),
-		"minSessionTimeout=400",
+		"minSessionTimeout=" + strconv.FormatInt(2*ZooKeeperTick.Milliseconds(), 10),
 		"maxSessionTimeout=120000",
 		"dataDir=" + zookeeperDir + "/data",
 		"admin.enableServer=false",
