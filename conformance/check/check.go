@@ -103,10 +103,33 @@ func (c *checker) index() {
 			c.byID[op.ID] = l
 		}
 	}
-	// A later observation of the Deadline (refreshed) extends it.
+	// A later observation of the Deadline (refreshed by a watchdog)
+	// extends it: the holder may have relied on any Deadline it was shown.
+	// A Refresh that succeeded sets it, shorter or not, for what follows:
+	// the holder asked for that TTL. In the order observed: a Refresh when
+	// it returned, the others when invoked (their Deadline is read then).
+	type seen struct {
+		at  time.Time
+		op  Op
+		set bool
+	}
+	obs := map[*lease][]seen{}
 	for _, op := range c.ops {
-		if l := c.byID[op.Lease]; l != nil && (op.Kind == Write || op.Kind == Release || op.Kind == Lost) && op.Deadline.After(l.end) {
-			l.end = op.Deadline
+		l := c.byID[op.Lease]
+		switch {
+		case l == nil:
+		case op.Kind == Refresh:
+			obs[l] = append(obs[l], seen{op.End, op, true})
+		case op.Kind == Write || op.Kind == Release || op.Kind == Lost:
+			obs[l] = append(obs[l], seen{op.Start, op, false})
+		}
+	}
+	for l, ss := range obs {
+		slices.SortStableFunc(ss, func(a, b seen) int { return a.at.Compare(b.at) })
+		for _, o := range ss {
+			if o.set || o.op.Deadline.After(l.end) {
+				l.end = o.op.Deadline
+			}
 		}
 	}
 	for _, l := range c.byID {

@@ -172,6 +172,42 @@ func TestRefreshedDeadlineExtends(t *testing.T) {
 	want(t, h, check.Options{}, check.MutualExclusion)
 }
 
+// A Refresh to a shorter TTL shortens the lease: a contender granted after
+// the new Deadline, while the holder's Done fires late, overlaps nothing.
+// Without the Refresh recorded, the longer Deadline seen at the grant
+// still holds (the holder may have relied on it); a watchdog's refresh
+// seen after the Refresh extends the lease again.
+func TestRefreshShortens(t *testing.T) {
+	for _, c := range []struct {
+		name               string
+		recorded, extended bool
+		want               []check.Property
+	}{
+		{"refresh recorded", true, false, nil},
+		{"refresh not recorded", false, false, []check.Property{check.MutualExclusion}},
+		{"extended after the refresh", true, true, []check.Property{check.MutualExclusion}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHist()
+			a := h.grant("a", "k", 0, 10, 1000, 1)
+			if c.recorded {
+				h.h.Add(check.Op{Kind: check.Refresh, Key: "k", Lease: a, Start: h.t(100), End: h.t(101), Deadline: h.t(300)})
+			}
+			if c.extended {
+				h.h.Add(check.Op{Kind: check.Write, Key: "r", Lease: a, Token: 1, Start: h.t(250), End: h.t(250), Deadline: h.t(500), Read: 0, Wrote: 1, Seq: 1, Accepted: true})
+			}
+			lostDeadline := 300
+			if c.extended {
+				lostDeadline = 500
+			}
+			h.h.Add(check.Op{Kind: check.Lost, Key: "k", Lease: a, Start: h.t(350), End: h.t(350), Deadline: h.t(lostDeadline)})
+			b := h.grant("b", "k", 200, 310, 2000, 2)
+			h.release(b, 1500)
+			want(t, h, check.Options{}, c.want...)
+		})
+	}
+}
+
 // A lease that was never valid (granted past its Deadline, or cut before
 // its grant returned) overlaps nothing.
 func TestNeverValidOverlapsNothing(t *testing.T) {

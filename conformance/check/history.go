@@ -1,12 +1,13 @@
 // Package check records the history of a lock workload and checks it: the
 // operations of concurrent clients with their real-time intervals (acquire
-// invoked and returned, with token, TTL and Deadline; Done fired; release;
-// writes to a fenced register; faults), and the properties a lock service
-// promises over them:
+// invoked and returned, with token, TTL and Deadline; refreshes; Done
+// fired; release; writes to a fenced register; faults), and the properties
+// a lock service promises over them:
 //
 //   - mutual exclusion among valid leases: no two leases on one key are
 //     valid at once, where a lease is valid from its acquire's return until
-//     the first of its Deadline, its Done, its release being invoked, and an
+//     the first of its Deadline (the latest shown to the holder, or the one
+//     a recorded Refresh set), its Done, its release being invoked, and an
 //     injected expiry of its key; shared leases ([Op].Shared: semaphore
 //     permits, readers) may be valid together, never with an exclusive
 //     one, and never more of them than their Permits (when > 0);
@@ -71,6 +72,13 @@ const (
 	// (a server down, a holder paused with the lock). Name says which.
 	// Liveness is not required inside it; it applies to every key.
 	Fault
+	// Refresh is a call to Refresh on lease Lease that succeeded: Start
+	// when invoked, End when it returned, Deadline the lease's Deadline
+	// after it. From End on, the lease is valid until that Deadline, even
+	// where an earlier observation saw a later one: the holder asked for
+	// the new TTL, and a Refresh to a shorter TTL shortens the lease.
+	// (Other observations only extend it: see Check.)
+	Refresh
 )
 
 // String returns the kind's name, such as "acquire".
@@ -88,6 +96,8 @@ func (k Kind) String() string {
 		return "expire"
 	case Fault:
 		return "fault"
+	case Refresh:
+		return "refresh"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -111,7 +121,7 @@ type Op struct {
 	Permits  int
 	Token    dlock.Token   // Acquire (granted) and Write
 	TTL      time.Duration // Acquire (granted)
-	Deadline time.Time     // Acquire, Release, Lost, Write: the lease's Deadline then
+	Deadline time.Time     // Acquire, Release, Lost, Write, Refresh: the lease's Deadline then
 	Err      error         // Acquire, Release, Lost
 	Accepted bool          // Write
 	Read     int64         // Write: the value read before
@@ -257,6 +267,17 @@ func (le *Lease) watch() {
 		now := time.Now()
 		le.h.Add(Op{Kind: Lost, Client: le.client, Key: le.Key(), Lease: le.id, Start: now, End: now, Err: le.Err(), Deadline: le.Deadline()})
 	}
+}
+
+// Refresh calls Refresh on the lease and records it if it succeeded.
+func (le *Lease) Refresh(ctx context.Context, ttl time.Duration) error {
+	op := Op{Kind: Refresh, Client: le.client, Key: le.Key(), Lease: le.id, Start: time.Now()}
+	if err := le.Lease.Refresh(ctx, ttl); err != nil {
+		return err
+	}
+	op.End, op.Deadline = time.Now(), le.Deadline()
+	le.h.Add(op)
+	return nil
 }
 
 // Release calls Release on the lease and records it.

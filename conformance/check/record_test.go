@@ -85,3 +85,31 @@ func newMem(t *testing.T, s *memory.Store) *dlock.Locker {
 	}
 	return l
 }
+
+// Lease.Refresh records a Refresh that succeeded, with the Deadline after
+// it.
+func TestRefreshRecorded(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	l := newMem(t, memory.NewStore())
+	defer l.Close()
+	h := check.NewHistory()
+	le, err := h.Acquire(t.Context(), "c", l, "k", &dlock.AcquireOptions{TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	if err := le.Refresh(t.Context(), time.Second); err != nil {
+		t.Fatalf("Refresh: %v", err)
+	}
+	var refreshes []check.Op
+	for _, op := range h.Ops() {
+		if op.Kind == check.Refresh {
+			refreshes = append(refreshes, op)
+		}
+	}
+	if len(refreshes) != 1 || refreshes[0].Lease != le.ID() || !refreshes[0].Deadline.Equal(le.Deadline()) || refreshes[0].End.Before(refreshes[0].Start) {
+		t.Fatalf("Refresh ops = %+v: want one, of lease %d, with Deadline %v", refreshes, le.ID(), le.Deadline())
+	}
+	if err := le.Release(context.Background()); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+}
