@@ -106,8 +106,9 @@ func (c *checker) index() {
 	// A later observation of the Deadline (refreshed by a watchdog)
 	// extends it: the holder may have relied on any Deadline it was shown.
 	// A Refresh that succeeded sets it, shorter or not, for what follows:
-	// the holder asked for that TTL. In the order observed: a Refresh when
-	// it returned, the others when invoked (their Deadline is read then).
+	// the holder asked for that TTL (one recorded without a Deadline sets
+	// nothing). In the order observed: a Refresh when it returned, the
+	// others when invoked (their Deadline is read then).
 	type seen struct {
 		at  time.Time
 		op  Op
@@ -127,7 +128,7 @@ func (c *checker) index() {
 	for l, ss := range obs {
 		slices.SortStableFunc(ss, func(a, b seen) int { return a.at.Compare(b.at) })
 		for _, o := range ss {
-			if o.set || o.op.Deadline.After(l.end) {
+			if o.set && !o.op.Deadline.IsZero() || o.op.Deadline.After(l.end) {
 				l.end = o.op.Deadline
 			}
 		}

@@ -186,12 +186,17 @@ func TestRefreshShortens(t *testing.T) {
 		{"refresh recorded", true, false, nil},
 		{"refresh not recorded", false, false, []check.Property{check.MutualExclusion}},
 		{"extended after the refresh", true, true, []check.Property{check.MutualExclusion}},
+		{"refresh recorded without its Deadline", true, false, []check.Property{check.MutualExclusion}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h := newHist()
 			a := h.grant("a", "k", 0, 10, 1000, 1)
 			if c.recorded {
-				h.h.Add(check.Op{Kind: check.Refresh, Key: "k", Lease: a, Start: h.t(100), End: h.t(101), Deadline: h.t(300)})
+				op := check.Op{Kind: check.Refresh, Key: "k", Lease: a, Start: h.t(100), End: h.t(101), Deadline: h.t(300)}
+				if strings.Contains(c.name, "without its Deadline") {
+					op.Deadline = time.Time{} // sets nothing: the grant's Deadline holds
+				}
+				h.h.Add(op)
 			}
 			if c.extended {
 				h.h.Add(check.Op{Kind: check.Write, Key: "r", Lease: a, Token: 1, Start: h.t(250), End: h.t(250), Deadline: h.t(500), Read: 0, Wrote: 1, Seq: 1, Accepted: true})
