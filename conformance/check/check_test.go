@@ -179,22 +179,23 @@ func TestRefreshedDeadlineExtends(t *testing.T) {
 // seen after the Refresh extends the lease again.
 func TestRefreshShortens(t *testing.T) {
 	for _, c := range []struct {
-		name               string
-		recorded, extended bool
-		want               []check.Property
+		name                           string
+		recorded, noDeadline, extended bool
+		want                           []check.Property
 	}{
-		{"refresh recorded", true, false, nil},
-		{"refresh not recorded", false, false, []check.Property{check.MutualExclusion}},
-		{"extended after the refresh", true, true, []check.Property{check.MutualExclusion}},
-		{"refresh recorded without its Deadline", true, false, []check.Property{check.MutualExclusion}},
+		{"refresh recorded", true, false, false, nil},
+		{"refresh not recorded", false, false, false, []check.Property{check.MutualExclusion}},
+		{"extended after the refresh", true, false, true, []check.Property{check.MutualExclusion}},
+		// A Refresh without a Deadline sets nothing: the grant's holds.
+		{"refresh recorded without its Deadline", true, true, false, []check.Property{check.MutualExclusion}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h := newHist()
 			a := h.grant("a", "k", 0, 10, 1000, 1)
 			if c.recorded {
 				op := check.Op{Kind: check.Refresh, Key: "k", Lease: a, Start: h.t(100), End: h.t(101), Deadline: h.t(300)}
-				if strings.Contains(c.name, "without its Deadline") {
-					op.Deadline = time.Time{} // sets nothing: the grant's Deadline holds
+				if c.noDeadline {
+					op.Deadline = time.Time{}
 				}
 				h.h.Add(op)
 			}

@@ -6,9 +6,10 @@
 //
 //   - mutual exclusion among valid leases: no two leases on one key are
 //     valid at once, where a lease is valid from its acquire's return until
-//     the first of its Deadline (the latest shown to the holder, or the one
-//     a recorded Refresh set), its Done, its release being invoked, and an
-//     injected expiry of its key; shared leases ([Op].Shared: semaphore
+//     the first of its Deadline (the furthest shown to the holder since
+//     the last recorded Refresh, or else since the grant), its Done, its
+//     release being invoked, and an injected expiry of its key; shared
+//     leases ([Op].Shared: semaphore
 //     permits, readers) may be valid together, never with an exclusive
 //     one, and never more of them than their Permits (when > 0);
 //   - token order (per key): an acquire invoked after another returned
