@@ -9,3 +9,6 @@ func CheckFaketime(ctx context.Context, s *Server) error { return s.checkFaketim
 // Owner is the value of this process's containers' owner label
 // (dlock.test.owner).
 var Owner = owner
+
+// FreePort and StaticPorts expose freePort and staticPorts.
+var FreePort, StaticPorts = freePort, staticPorts

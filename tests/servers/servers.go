@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"regexp"
@@ -594,24 +595,49 @@ var (
 	portsUsed = map[int]bool{}
 )
 
-// freePort returns a loopback TCP port that is free now and that this
-// process has not handed out before.
+// freePort returns a loopback TCP port that is free now, that this
+// process has not handed out before, and that lies below the kernel's
+// ephemeral range (staticPorts). A server stopped and started again binds
+// its port again; a port of the ephemeral range may meanwhile have become
+// the local port of any outgoing connection on the machine (seen in CI: a
+// restarted Redis failed with "bind: Address already in use").
 func freePort() (int, error) {
 	portsMu.Lock()
 	defer portsMu.Unlock()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	lo, hi := staticPorts()
+	for range 1000 {
+		port := lo + mrand.IntN(hi-lo)
+		if portsUsed[port] {
+			continue
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
 		if err != nil {
-			return 0, fmt.Errorf("servers: choose a free port: %w", err)
+			continue // in use
 		}
-		port := l.Addr().(*net.TCPAddr).Port
 		_ = l.Close()
-		if !portsUsed[port] {
-			portsUsed[port] = true
-			return port, nil
-		}
+		portsUsed[port] = true
+		return port, nil
 	}
 	return 0, errors.New("servers: choose a free port: no unused port found")
+}
+
+// staticPorts is the range [lo, hi) freePort draws from: from 10000 up to
+// the start of the ephemeral range (/proc/sys/net/ipv4/ip_local_port_range,
+// 32768 if it cannot be read), or from 1024 if that range starts lower.
+func staticPorts() (lo, hi int) {
+	hi = 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil && n > 2048 {
+				hi = n
+			}
+		}
+	}
+	lo = 10000
+	if hi-lo < 1000 {
+		lo = 1024
+	}
+	return lo, hi
 }
 
 var (

@@ -590,3 +590,24 @@ func TestPostgresKillStart(t *testing.T) {
 		t.Fatalf("startup after Stop and Start: %v", err)
 	}
 }
+
+// The ports chosen for servers on the host network lie below the kernel's
+// ephemeral range, where no outgoing connection takes them while a server
+// is stopped, and are never handed out twice.
+func TestFreePortOutsideEphemeralRange(t *testing.T) {
+	lo, hi := servers.StaticPorts()
+	if lo < 1024 || hi > 65536 || hi-lo < 1000 {
+		t.Fatalf("StaticPorts() = %d, %d: want a range of at least 1000 ports above 1023", lo, hi)
+	}
+	seen := map[int]bool{}
+	for range 50 {
+		p, err := servers.FreePort()
+		if err != nil {
+			t.Fatalf("FreePort: %v", err)
+		}
+		if p < lo || p >= hi || seen[p] {
+			t.Fatalf("FreePort() = %d: want a port in [%d, %d) not handed out before", p, lo, hi)
+		}
+		seen[p] = true
+	}
+}
