@@ -36,7 +36,7 @@ var errWatchEnded = errors.New("the watch ended before the server created it")
 // revision after the last one it delivered, so no change is missed then,
 // only delayed. The channel is closed when the watch ends by itself: the
 // server cancelled it (a member without a leader: the watch requires one,
-// as the Driver's prefix watch does; a compaction past the revision the
+// as the Driver's own watches do; a compaction past the revision the
 // client resumed from), the client was closed, or the Driver was; the
 // caller then reads the state again and watches anew. A member that froze
 // cancels nothing and keeps the stream open: so the watch asks the member
@@ -44,7 +44,7 @@ var errWatchEnded = errors.New("the watch ended before the server created it")
 // channel is closed) when one asked for a request timeout earlier has not
 // come, nor anything else since: a watch on a frozen member ends within two
 // request timeouts. The watch shares the client's watch stream with
-// the Driver's prefix watch; it costs one watcher on the server and one
+// the Driver's own watches; it costs one watcher on the server and one
 // goroutine here until stop, which cancels the watch and waits for that
 // goroutine. A bad key is refused before any I/O (backend.ErrInvalidKey).
 // Errors wrap backend.ErrUnavailable (and ctx.Err() when ctx ended first),

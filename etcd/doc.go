@@ -59,20 +59,28 @@
 //     predecessor's delete (no herd effect: the others are not woken).
 //     (Shared leases follow the same recipe with another grant rule: see
 //     Shared leases below.)
-//   - Each Driver keeps one watch on its whole prefix (deletes only),
-//     made without a start revision, so that it is in etcd's synced group
-//     and a delete reaches it within a round trip. (A watch from a revision
+//   - Each Driver watches the directory of each lock it uses (deletes
+//     only): one watch per directory, shared by all its leases and waiters
+//     there, so that a release reaches the Drivers that use that lock, not
+//     every Driver under the prefix. Past 64 directories in use, one watch
+//     on the whole prefix serves the rest. A directory's watch lingers for
+//     30s after its last lease or waiter, for the next acquire of that
+//     lock; the first acquire of a lock whose directory is not watched
+//     yet reads its key once more after its put, since the watch may not
+//     be in force. The watches are made without a start revision, so that
+//     they are in etcd's synced group and a delete reaches them within a
+//     round trip. (A watch from a revision
 //     the server has already passed, as concurrency.Mutex's is, goes to
 //     etcd's "unsynced" group, served every 100 ms: the ~90 ms handoff p99
-//     of BenchmarkHandoff's mutex case.) It dispatches each delete to the
-//     lease whose key it deletes (a loss, see below) and to the waiter
+//     of BenchmarkHandoff's mutex case.) A watch dispatches each delete to
+//     the lease whose key it deletes (a loss, see below) and to the waiter
 //     whose predecessor it deletes. A waiter registers its interest before
 //     each read of its queue, so a delete after the read is never missed.
-//     When the watch breaks (a compaction, a member that lost its leader:
+//     When a watch breaks (a compaction, a member that lost its leader:
 //     the watch requires one), every waiter reads its queue again, and
 //     once the watch is made again the held keys are read (in transactions
 //     of up to 100 reads) and those gone reported lost. No goroutine and
-//     no server-side watcher per lease or waiter.
+//     no server-side watcher per lease or waiter: one per directory.
 //   - While queued, the waiter keeps its own lease alive. When no older
 //     key is left, it checks that its own key still exists: a waiter whose
 //     lease expired while queued fails, it is never granted the lock
@@ -212,8 +220,8 @@
 // stop): a known limitation of this scheme, not a safety issue (the
 // ZooKeeper backend, whose waiters watch the n entries nearest ahead
 // instead, has no such stall). A reader's wake-up (a delete) comes
-// from the Driver's prefix watch, as a mutex waiter's does. That watch
-// carries deletes only, so that exclusive locks pay for no puts; a
+// from the Driver's watch of the directory, as a mutex waiter's does. That
+// watch carries deletes only, so that exclusive locks pay for no puts; a
 // semaphore's waiter may wait for a write, so a Driver's semaphore waiters
 // of one lock share one watch of its directory (puts and deletes), made by
 // the first of them and ended with the last. A broken watch wakes its
@@ -243,7 +251,7 @@
 // read and one LeaseTimeToLive. It is also a backend.ChangeWatcher:
 // [Driver.WatchChanges] makes one etcd watch on the lock's directory,
 // without a start revision (so that it is in etcd's synced group, as the
-// prefix watch is), and returns once the server has created it; every key
+// Driver's own watches are), and returns once the server has created it; every key
 // created or deleted in the directory after that (a grant, a waiter
 // joining, a release, an expiry, a waiter leaving) makes its channel
 // receive, within a round trip. An observer of a lock (the followers of a
@@ -289,8 +297,8 @@
 // ours on that lease. The Driver is also a backend.BatchRefresher:
 // RefreshBatch renews all the leases of one call with one keepalive each on
 // one stream, and reports a lease lost (ErrNotHeld) if its keepalive finds
-// it gone or the prefix watch has seen its key deleted (while that watch is
-// down, it reads the keys instead). A key deleted behind our back while its
+// it gone or the watch of its directory has seen its key deleted (while
+// that watch is down, it reads the key instead). A key deleted behind our back while its
 // lease lives is thus reported within the watch's delay, not by the
 // refresh that races with it.
 // etcd cannot change a lease's TTL, so Refresh with another TTL grants a new
@@ -317,7 +325,7 @@
 // lasts at least as long: etcd rounds a TTL up to whole seconds and raises
 // one below its floor, never lowers it).
 //
-// The Driver's prefix watch reports the deletion of a held key (the lease
+// The watch of its directory reports the deletion of a held key (the lease
 // expired, was revoked, or someone deleted the key) through the Lease's
 // backend.LossNotifier: Done fires with ErrLeaseLost, usually before the
 // local deadline. A watch on a member that froze (see Failures) reports

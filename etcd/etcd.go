@@ -91,7 +91,7 @@ type Driver struct {
 	ownsClient bool
 	log        *slog.Logger
 
-	ctx    context.Context // cancelled by Close: ends the prefix watch and the keepalive stream
+	ctx    context.Context // cancelled by Close: ends the watches and the keepalive stream
 	cancel context.CancelFunc
 	// closing is closed when Close begins: a revoke retried in the
 	// background makes its last attempt then. revokeCtx bounds every
@@ -101,14 +101,19 @@ type Driver struct {
 	revokeEnd context.CancelFunc
 
 	once sync.Once
-	bg   bg.Group // the prefix watch, the keepalive stream's receiver, revokes; Close waits for them
+	bg   bg.Group // the watches, the keepalive stream's receiver, revokes; Close waits for them
 
-	hub  *hub   // the one watch on prefix: losses and wake-ups
 	ka   keeper // the one keepalive stream
 	pool pool   // idle leases, by TTL
 
-	dirHubsMu sync.Mutex
-	dirHubs   map[string]*dirHub // by lock directory: the semaphore waiters' watches (see watchQueue)
+	hubsMu     sync.Mutex
+	hubs       map[hubKey]*hubEntry // the watches: losses and wake-ups (see hubFor)
+	dirWatches int                  // the directory hubs in d.hubs (all but the prefix hub)
+
+	watchEvents  atomic.Int64                  // the events the watches received (tests)
+	watchWarned  atomic.Int64                  // when a broken watch was last logged (Unix ns; see warnWatch)
+	beforeWatch  atomic.Pointer[func()]        // tests: called before each watch is made
+	watchCreated atomic.Pointer[chan struct{}] // tests: receives (if there is room) when a watch is created
 
 	afterQueueRead func()            // tests: called between a waiter's queue read and its watch
 	afterMove      func(error) error // tests: sees, and may replace, the outcome of Refresh's move transaction
@@ -201,23 +206,7 @@ func NewDriver(ctx context.Context, client *clientv3.Client, opts *Options) (*Dr
 	d.closing = make(chan struct{})
 	d.revokeCtx, d.revokeEnd = context.WithCancel(context.Background())
 	d.ka.d = d
-	d.hub = newHub(d)
-	d.dirHubs = map[string]*dirHub{}
-	// Start the prefix watch now, and wait (within the request timeout)
-	// until it is in force: the first acquires then need no extra read,
-	// and the watch's client goroutines are all started by the time
-	// NewDriver returns. A watch not made in time is not an error: the
-	// acquires read their key until it is.
-	d.hub.mu.Lock()
-	d.hub.startLocked()
-	d.hub.mu.Unlock()
-	t := time.NewTimer(d.timeout)
-	defer t.Stop()
-	select {
-	case <-d.hub.ready:
-	case <-ctx.Done():
-	case <-t.C:
-	}
+	d.hubs = map[hubKey]*hubEntry{}
 	return d, nil
 }
 
@@ -230,8 +219,8 @@ const accessProbe = "\x00dlock-access-check"
 // nothing: etcd checks the rights for both branches of a transaction
 // before it evaluates the comparison, which here is never true. A missing
 // right is an ErrInvalidConfig that names the user, the prefix and the
-// grant to make (without it the prefix watch would fail for as long as the
-// Driver lives, and every acquire with it).
+// grant to make (without it the watches would fail for as long as the
+// Driver lives, and every acquire with them).
 func (d *Driver) checkAccess(ctx context.Context) error {
 	probe := d.prefix + accessProbe
 	_, err := call(ctx, d, "checking the rights on the prefix", func(ctx context.Context) (*clientv3.TxnResponse, error) {
@@ -319,7 +308,7 @@ func (d *Driver) As(target any) bool {
 // retried in the background (a Release whose delete and revoke failed
 // left it so: the released lock is then freed at Close if the cluster
 // answers, not held for the rest of its TTL), all within 2s. It then stops
-// the prefix watch and the keepalive stream and, if the driver built the
+// the watches and the keepalive stream and, if the driver built the
 // client itself from a URL, closes the client. A client passed to [New]
 // stays open.
 func (d *Driver) Close() error {
@@ -330,6 +319,11 @@ func (d *Driver) Close() error {
 		end := time.AfterFunc(cleanupTimeout, d.revokeEnd)
 		d.revokePool()
 		d.cancel()
+		d.eachHub(func(e *hubEntry) {
+			if e.linger != nil {
+				e.linger.Stop()
+			}
+		})
 		d.bg.Wait()
 		end.Stop()
 		d.revokeEnd()
@@ -504,7 +498,8 @@ func (w *waiter) join(ctx context.Context) (bool, error) {
 	d := w.d
 	dir := d.dir(w.key)
 	w.myKey = entryKey(dir, w.shared, w.permits, w.el.id)
-	w.reg = d.hub.watchKey(w.myKey)
+	h, release := d.hubFor(dir, false)
+	w.reg = h.watchKey(w.myKey, release)
 	ops := append([]clientv3.Op{clientv3.OpPut(w.myKey, w.value, clientv3.WithLease(w.el.id))}, w.joinReads(dir)...)
 	resp, err := call(ctx, d, "joining the queue", func(ctx context.Context) (*clientv3.TxnResponse, error) {
 		return d.client.Txn(ctx).
@@ -597,7 +592,7 @@ func (d *Driver) TryAcquire(ctx context.Context, req backend.Request) (backend.L
 
 // Acquire joins key's queue and waits for every waiter ahead of it to go,
 // waiting only for its immediate predecessor's delete (no herd effect),
-// which the Driver's prefix watch reports (see hub): the waiter's interest
+// which the Driver's watch of the directory reports (see hub): the waiter's interest
 // is registered before each queue read, so a delete after the read is never
 // missed, and the watch is in etcd's synced group, so the waiter wakes
 // within a round trip of the delete. (A shared waiter waits for the keys

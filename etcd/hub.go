@@ -15,15 +15,15 @@ import (
 	"github.com/dlock-go/dlock/backend"
 )
 
-// hub is a Driver's one watch on its prefix. It dispatches the deletes of
-// keys under the prefix to the leases whose key they delete (a loss) and
-// to the waiters whose predecessor they delete (a wake-up): no goroutine
-// and no server-side watcher per lease or waiter.
-//
-// A directory hub is the same on one lock's directory, with puts as well as
-// deletes: the semaphore waiters of a Driver that wait for a change of
-// their predecessor (see wakeUpdates) share one per directory, made with
-// the first of them and ended with the last (Driver.watchQueue).
+// hub is one of a Driver's watches: on one lock's directory (a
+// directory hub), or, for the directories beyond maxDirWatches, on the
+// whole prefix (the prefix hub). It dispatches the deletes of keys in its
+// range to the leases whose key they delete (a loss) and to the waiters
+// whose predecessor they delete (a wake-up): no goroutine and no
+// server-side watcher per lease or waiter. A hub with puts carries the
+// puts of its directory as well: the semaphore waiters of a Driver that
+// wait for a change of their predecessor (see wakeUpdates) share one per
+// directory. Driver.hubFor hands the hubs out, and ends them.
 //
 // The watch starts without a revision, so that it is in etcd's synced group
 // and a delete reaches it within a round trip. A registration made while
@@ -33,8 +33,8 @@ import (
 // queue again.
 type hub struct {
 	d      *Driver
-	prefix string          // the range watched: the Driver's prefix, or one lock's directory
-	puts   bool            // puts too (a directory hub), not only deletes
+	prefix string          // the range watched: one lock's directory, or the Driver's prefix
+	puts   bool            // puts too, not only deletes
 	ctx    context.Context // ends the watch
 
 	mu      sync.Mutex
@@ -44,10 +44,6 @@ type hub struct {
 	keys    map[string]*keyReg
 	dirs    map[string]map[*dirReg]struct{}
 	cancel  context.CancelFunc // of the current watch
-	reads   int                // tests: held-key re-reads done after a (re-)creation
-	created chan struct{}      // tests: receives (if there is room) when the watch is created
-	before  func()             // tests: called before each watch is made
-	ready   chan struct{}      // closed when the watch is first in force
 }
 
 // delEvent is one delete (or, on a directory hub, put) seen by the hub.
@@ -67,16 +63,17 @@ type keyReg struct {
 	seen []int64     // revisions of deletes of key seen while rev was 0
 	lost bool        // a delete after rev was seen
 	f    func(error) // the loss callback, once registered
+	// release gives the hub back (see Driver.hubFor) when the interest
+	// ends: at stop, or at the loss. Called once.
+	release func()
 }
 
 // dirReg is a waiter's interest in the changes in one lock directory.
 type dirReg struct {
-	h   *hub
-	dir string
-	ch  chan struct{} // receives when the waiter should read its queue again
-	// release (a directory hub's registration) lets the hub go when its
-	// last registration stops; nil on the Driver's prefix hub.
-	release func()
+	h       *hub
+	dir     string
+	ch      chan struct{} // receives when the waiter should read its queue again
+	release func()        // gives the hub back (see Driver.hubFor) at stop
 	// Under h.mu:
 	watch []watched  // the keys whose change wakes the waiter; nil while unknown
 	seen  []delEvent // changes in dir since reset, while watch is unknown
@@ -97,16 +94,10 @@ func (w watched) wakes(key string, rev int64, put bool) bool {
 	return w.key == key && (!put || w.updates && rev > w.modRev)
 }
 
-func newHub(d *Driver) *hub {
-	return &hub{d: d, prefix: d.prefix, ctx: d.ctx, keys: map[string]*keyReg{}, dirs: map[string]map[*dirReg]struct{}{}, ready: make(chan struct{})}
-}
-
-// newDirHub is a directory hub on dir (puts and deletes), whose watch
+// newHub is a hub on the range prefix (with puts if puts), whose watch
 // ends with ctx.
-func newDirHub(d *Driver, dir string, ctx context.Context) *hub {
-	h := newHub(d)
-	h.prefix, h.puts, h.ctx = dir, true, ctx
-	return h
+func newHub(d *Driver, prefix string, puts bool, ctx context.Context) *hub {
+	return &hub{d: d, prefix: prefix, puts: puts, ctx: ctx, keys: map[string]*keyReg{}, dirs: map[string]map[*dirReg]struct{}{}}
 }
 
 // startLocked starts the watch on first use. h.mu is held.
@@ -122,9 +113,10 @@ func (h *hub) startLocked() {
 var lossErr = fmt.Errorf("%w: etcd: the lock key was deleted (lease expired or revoked)", backend.ErrLeaseLost)
 
 // watchKey registers interest in deletes of key, before the transaction
-// that puts it (its create revision is not known yet: see setRev).
-func (h *hub) watchKey(key string) *keyReg {
-	r := &keyReg{h: h, key: key}
+// that puts it (its create revision is not known yet: see setRev); release
+// gives the hub back when the interest ends.
+func (h *hub) watchKey(key string, release func()) *keyReg {
+	r := &keyReg{h: h, key: key, release: release}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.startLocked()
@@ -178,36 +170,57 @@ func (r *keyReg) isLost() bool {
 func (r *keyReg) markLost() {
 	h := r.h
 	h.mu.Lock()
-	f := r.lostLocked()
+	after := r.lostLocked()
 	h.mu.Unlock()
-	if f != nil {
-		f(lossErr)
+	if after != nil {
+		after()
 	}
 }
 
-// lostLocked marks r lost and returns the callback to call (nil if none, or
-// if it was lost already). h.mu is held.
-func (r *keyReg) lostLocked() func(error) {
+// lostLocked marks r lost and ends its interest. It returns what to do
+// once h.mu is released: call the loss callback, if any, and give the hub
+// back (nil if r was lost or stopped already). h.mu is held.
+func (r *keyReg) lostLocked() func() {
 	if r.lost {
 		return nil
 	}
 	r.lost = true
 	f := r.f
 	r.f = nil
+	release := r.endLocked()
+	if f == nil && release == nil {
+		return nil
+	}
+	return func() {
+		if f != nil {
+			f(lossErr)
+		}
+		if release != nil {
+			release()
+		}
+	}
+}
+
+// endLocked removes r from the hub and returns its release (nil if it
+// was ended already). h.mu is held.
+func (r *keyReg) endLocked() func() {
 	if r.h.keys[r.key] == r {
 		delete(r.h.keys, r.key)
 	}
-	return f
+	release := r.release
+	r.release = nil
+	return release
 }
 
 // stop ends the interest: no callback is made after it returns.
 func (r *keyReg) stop() {
 	h := r.h
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	r.f = nil
-	if h.keys[r.key] == r {
-		delete(h.keys, r.key)
+	release := r.endLocked()
+	h.mu.Unlock()
+	if release != nil {
+		release()
 	}
 }
 
@@ -289,7 +302,8 @@ func (r *dirReg) wake() {
 // dispatch hands the deletes (and a directory hub's puts) of one watch
 // response out.
 func (h *hub) dispatch(evs []*clientv3.Event) {
-	var calls []func(error)
+	h.d.watchEvents.Add(int64(len(evs)))
+	var calls []func()
 	h.mu.Lock()
 	for _, ev := range evs {
 		put := ev.Type != clientv3.EventTypeDelete
@@ -322,7 +336,7 @@ func (h *hub) dispatch(evs []*clientv3.Event) {
 	}
 	h.mu.Unlock()
 	for _, f := range calls {
-		f(lossErr)
+		f()
 	}
 }
 
@@ -342,15 +356,13 @@ func (h *hub) wakeAllLocked() {
 // and the new watch would otherwise be missed) and the waiters woken again.
 func (h *hub) run(ctx context.Context) {
 	failures := 0 // watches since the last one created
-	var warned time.Time
 	for ctx.Err() == nil {
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		h.mu.Lock()
 		h.cancel = cancel
-		before := h.before
 		h.mu.Unlock()
-		if before != nil {
-			before()
+		if before := h.d.beforeWatch.Load(); before != nil {
+			(*before)()
 		}
 		var werr error
 		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithCreatedNotify()}
@@ -389,14 +401,14 @@ func (h *hub) run(ctx context.Context) {
 			failures = 0
 		}
 		wait := watchBackoff(failures)
-		// One warning when the watch breaks; while it keeps breaking (a
-		// user without the right to read the prefix, a cluster without a
-		// leader), one per watchWarnEvery.
-		if werr != nil && time.Since(warned) >= watchWarnEvery {
-			warned = time.Now()
+		// One warning when a watch breaks; while watches keep breaking
+		// (a user without the right to read the prefix, a cluster
+		// without a leader), one per watchWarnEvery and Driver, however
+		// many directories it watches.
+		if werr != nil && h.d.warnWatch() {
 			what := "the lock prefix"
-			if h.puts {
-				what = "a lock's queue"
+			if h.prefix != h.d.prefix {
+				what = "a lock's directory"
 			}
 			h.d.log.Warn("dlock/etcd: the watch on "+what+" broke; waking the waiters and watching again",
 				"prefix", h.prefix, "error", werr, "attempt", failures, "retry_in", wait)
@@ -405,8 +417,17 @@ func (h *hub) run(ctx context.Context) {
 	}
 }
 
-// watchWarnEvery spaces the warnings of a prefix watch that keeps failing.
+// watchWarnEvery spaces the warnings of a Driver's watches that keep
+// failing.
 const watchWarnEvery = 30 * time.Second
+
+// warnWatch reports whether a broken watch should be logged now: if none
+// was in the last watchWarnEvery.
+func (d *Driver) warnWatch() bool {
+	now := time.Now().UnixNano()
+	last := d.watchWarned.Load()
+	return (last == 0 || now-last >= int64(watchWarnEvery)) && d.watchWarned.CompareAndSwap(last, now)
+}
 
 // refused reports whether err, a watch's, is the cluster's refusal: the
 // user lacks the right to read the prefix (it had it when checkAccess
@@ -431,7 +452,7 @@ func refused(err error) bool {
 	return false
 }
 
-// watchBackoff is the pause before making the prefix watch again after
+// watchBackoff is the pause before making a watch again after
 // failures refusals in a row (refused): watchRetryPause for up to three,
 // then doubling, up to 2s. A watch that breaks for another reason is made
 // again after watchRetryPause; one the cluster refuses is not retried 20
@@ -468,16 +489,11 @@ func (h *hub) established(ctx context.Context) error {
 	h.mu.Lock()
 	// Live only now: a key registered during the reads is read by its
 	// acquire (setRev reports it unsure).
-	if !h.live && h.reads == 0 {
-		close(h.ready)
-	}
 	h.live = true
-	h.reads++
-	c := h.created
 	h.mu.Unlock()
-	if c != nil {
+	if c := h.d.watchCreated.Load(); c != nil {
 		select {
-		case c <- struct{}{}:
+		case *c <- struct{}{}:
 		default:
 		}
 	}
@@ -502,7 +518,7 @@ func (h *hub) recheck(ctx context.Context, regs []*keyReg) error {
 		if err != nil {
 			return err
 		}
-		var calls []func(error)
+		var calls []func()
 		h.mu.Lock()
 		for i, r := range batch {
 			kvs := resp.Responses[i].GetResponseRange().Kvs
@@ -516,7 +532,7 @@ func (h *hub) recheck(ctx context.Context, regs []*keyReg) error {
 		}
 		h.mu.Unlock()
 		for _, f := range calls {
-			f(lossErr)
+			f()
 		}
 	}
 	return nil
@@ -539,9 +555,114 @@ func (h *hub) isLive() bool {
 	return h.live
 }
 
-// keyCount is the number of registered keys (tests).
-func (h *hub) keyCount() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return len(h.keys)
+// The watches a Driver keeps: one per lock directory in use (deletes only:
+// the losses of its held keys and the wake-ups of its waiters), so that a
+// release reaches the Drivers that use the lock, not every Driver under the
+// prefix; one per directory where semaphore waiters wait for a write (puts
+// and deletes, see wakeUpdates); and, once maxDirWatches directory watches
+// are in use, one watch on the whole prefix for the directories beyond.
+// A directory watch no longer in use lingers for watchLinger, in case the
+// lock is taken again, unless its place is needed for another directory;
+// a watch with puts ends with its last waiter.
+const (
+	maxDirWatches = 64
+	watchLinger   = 30 * time.Second
+)
+
+// hubKey names one of a Driver's hubs: its range and whether it has puts.
+type hubKey struct {
+	prefix string
+	puts   bool
+}
+
+// hubEntry is a hub in use (refs registrations), or lingering.
+type hubEntry struct {
+	h      *hub
+	refs   int
+	cancel context.CancelFunc // ends the watch
+	linger *time.Timer        // while refs is 0: ends the hub after watchLinger
+}
+
+// hubFor returns the hub that covers dir (with puts if puts), made if need
+// be, and the function that gives it back (once) when the registration on
+// it ends.
+func (d *Driver) hubFor(dir string, puts bool) (*hub, func()) {
+	d.hubsMu.Lock()
+	defer d.hubsMu.Unlock()
+	k := hubKey{dir, puts}
+	e := d.hubs[k]
+	if e == nil && d.dirWatches >= maxDirWatches && !d.evictLocked() && !puts {
+		k = hubKey{d.prefix, false}
+		e = d.hubs[k]
+	}
+	if e == nil {
+		ctx, cancel := context.WithCancel(d.ctx)
+		e = &hubEntry{h: newHub(d, k.prefix, puts, ctx), cancel: cancel}
+		d.hubs[k] = e
+		if k.prefix != d.prefix {
+			d.dirWatches++
+		}
+	}
+	if e.linger != nil {
+		e.linger.Stop()
+		e.linger = nil
+	}
+	e.refs++
+	var once sync.Once
+	return e.h, func() { once.Do(func() { d.unref(k, e) }) }
+}
+
+// unref gives a registration's hub back: with its last registration, a
+// hub with puts ends at once, and another lingers.
+func (d *Driver) unref(k hubKey, e *hubEntry) {
+	d.hubsMu.Lock()
+	defer d.hubsMu.Unlock()
+	if e.refs--; e.refs > 0 {
+		return
+	}
+	if k.puts {
+		d.endLocked(k, e)
+		return
+	}
+	e.linger = time.AfterFunc(watchLinger, func() {
+		d.hubsMu.Lock()
+		defer d.hubsMu.Unlock()
+		if e.refs == 0 && d.hubs[k] == e {
+			d.endLocked(k, e)
+		}
+	})
+}
+
+// evictLocked ends one lingering directory hub, if there is one, to make
+// room for another. d.hubsMu is held.
+func (d *Driver) evictLocked() bool {
+	for k, e := range d.hubs {
+		if e.refs == 0 && k.prefix != d.prefix {
+			d.endLocked(k, e)
+			return true
+		}
+	}
+	return false
+}
+
+// endLocked ends the hub of e. d.hubsMu is held.
+func (d *Driver) endLocked(k hubKey, e *hubEntry) {
+	if e.linger != nil {
+		e.linger.Stop()
+		e.linger = nil
+	}
+	delete(d.hubs, k)
+	if k.prefix != d.prefix {
+		d.dirWatches--
+	}
+	e.cancel()
+}
+
+// eachHub calls f on each of d's hubs (tests).
+func (d *Driver) eachHub(f func(*hubEntry)) {
+	d.hubsMu.Lock()
+	defer d.hubsMu.Unlock()
+	for _, e := range d.hubs {
+		f(e)
+	}
 }

@@ -61,7 +61,8 @@ type lease struct {
 }
 
 // newLease makes a granted waiter a lease. Its loss is reported by the
-// Driver's prefix watch (through w.reg): no goroutine of its own.
+// Driver's watch of its directory (through w.reg): no goroutine of its
+// own.
 func (d *Driver) newLease(w *waiter) *lease { return &lease{w: w} }
 
 func (l *lease) Token() uint64 { return uint64(l.w.rev) }
@@ -87,9 +88,9 @@ func (l *lease) Anchor() time.Time {
 }
 
 // NotifyLoss implements backend.LossNotifier: f is called when the
-// Driver's prefix watch sees our key deleted (its lease expired or was
-// revoked, or someone deleted it), or when the watch, made again after a
-// break, reads the key and finds it gone.
+// Driver's watch sees our key deleted (its lease expired or was revoked,
+// or someone deleted it), or when the watch, made again after a break,
+// reads the key and finds it gone.
 func (l *lease) NotifyLoss(f func(err error)) { l.w.reg.notify(f) }
 
 // As supports *Ownership (what OwnerOf returns, through driver.LeaseAs).
@@ -413,9 +414,9 @@ func (l *lease) Release(ctx context.Context) error {
 // the Driver's keepalive streams (no Raft write), each lease's new expiry
 // counted from the moment its keepalive was sent. A lease whose keepalive
 // finds it gone fails with ErrNotHeld, and so does one whose key the
-// Driver's prefix watch has seen deleted; while that watch is not in force
-// (it broke and is being made again), the keys are read instead, in
-// transactions of up to 100 reads. A request for another TTL, and one for
+// Driver's watch has seen deleted; the keys whose watch is not in force
+// (it broke and is being made again) are read instead, in transactions of
+// up to 100 reads. A request for another TTL, and one for
 // a lease with a move of unknown outcome (whose key may be on another
 // lease, which no delete would show), goes through Refresh on its own.
 func (d *Driver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest) {
@@ -447,10 +448,19 @@ func (d *Driver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest
 			ids[j] = el.id
 		}
 		wait := d.ka.start(ctx, ids)
+		// The keys whose watch is not in force are read.
+		var unsure []*lease
+		isUnsure := map[*lease]bool{}
+		for _, l := range ls {
+			if !l.w.reg.h.isLive() && !l.w.reg.isLost() {
+				unsure = append(unsure, l)
+				isUnsure[l] = true
+			}
+		}
 		var gone map[*lease]bool
 		var gerr error
-		if !d.hub.isLive() {
-			gone, gerr = d.readOwned(ctx, ls)
+		if len(unsure) > 0 {
+			gone, gerr = d.readOwned(ctx, unsure)
 		}
 		rs := wait()
 		for j, i := range idx {
@@ -458,7 +468,7 @@ func (d *Driver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest
 			switch {
 			case r.err != nil:
 				reqs[i].Err = r.err
-			case gerr != nil:
+			case gerr != nil && isUnsure[l]:
 				reqs[i].Err = gerr
 			case gone[l] || l.w.reg.isLost():
 				reqs[i].Err = fmt.Errorf("%w: etcd: the lock key is gone", backend.ErrNotHeld)

@@ -107,7 +107,8 @@ func parseValue(v []byte) (permits int, holder string) {
 // and a waiter that is granted after waiting writes its key once (touch)
 // to say so. Such waiters watch their lock's directory with puts (one
 // watch per directory and Driver: see watchQueue); the others rely on the
-// Driver's prefix watch, which carries deletes only.
+// Driver's watch of the directory for its held keys, which carries deletes
+// only.
 func wakeUpdates(shared bool, permits int) bool { return shared && permits > 0 }
 
 // sharedView is what a shared entry's reads tell of the entries ahead of
@@ -406,40 +407,13 @@ func (w *waiter) touchKey(ctx context.Context) error {
 	return nil
 }
 
-// dirHub is a directory hub and the number of registrations on it.
-type dirHub struct {
-	h      *hub
-	refs   int
-	cancel context.CancelFunc
-}
-
 // watchQueue registers a waiter's interest in the changes in its lock's
-// directory dir: on the Driver's prefix hub (deletes only), or, when the
-// waiter may wait for a write (updates, see wakeUpdates), on the
-// directory hub of dir (puts and deletes), made with its first
-// registration and ended with its last.
+// directory dir: on the directory's hub, with puts when the waiter may
+// wait for a write (updates, see wakeUpdates).
 func (d *Driver) watchQueue(dir string, updates bool) *dirReg {
-	if !updates {
-		return d.hub.watchDir(dir)
-	}
-	d.dirHubsMu.Lock()
-	dh := d.dirHubs[dir]
-	if dh == nil {
-		ctx, cancel := context.WithCancel(d.ctx)
-		dh = &dirHub{h: newDirHub(d, dir, ctx), cancel: cancel}
-		d.dirHubs[dir] = dh
-	}
-	dh.refs++
-	d.dirHubsMu.Unlock()
-	r := dh.h.watchDir(dir)
-	r.release = func() {
-		d.dirHubsMu.Lock()
-		defer d.dirHubsMu.Unlock()
-		if dh.refs--; dh.refs == 0 {
-			delete(d.dirHubs, dir)
-			dh.cancel()
-		}
-	}
+	h, release := d.hubFor(dir, updates)
+	r := h.watchDir(dir)
+	r.release = release
 	return r
 }
 

@@ -28,39 +28,54 @@ func init() {
 	// place of a success is an answer lost after the move committed.
 	testhook.Set("etcd.AfterMove", func(d *Driver, f func(error) error) { d.afterMove = f })
 
-	// BreakWatch cancels d's prefix watch, as a compaction or a lost leader
-	// would; d makes it again.
-	testhook.Set("etcd.BreakWatch", func(d *Driver) { d.hub.breakWatch() })
+	// BreakWatch cancels each of d's watches, as a compaction or a lost
+	// leader would; d makes them again.
+	testhook.Set("etcd.BreakWatch", func(d *Driver) {
+		d.eachHub(func(e *hubEntry) { e.h.breakWatch() })
+	})
 
-	// WatchCreated returns a channel that receives each time d's prefix
-	// watch has been created and the held keys read again.
+	// WatchCreated returns a channel that receives each time one of d's
+	// watches has been created and its held keys read again.
 	testhook.Set("etcd.WatchCreated", func(d *Driver) <-chan struct{} {
-		d.hub.mu.Lock()
-		defer d.hub.mu.Unlock()
-		if d.hub.created == nil {
-			d.hub.created = make(chan struct{}, 16)
+		c := make(chan struct{}, 16)
+		if !d.watchCreated.CompareAndSwap(nil, &c) {
+			return *d.watchCreated.Load()
 		}
-		return d.hub.created
+		return c
 	})
 
 	// PoolSize is the number of idle leases in d's pool.
 	testhook.Set("etcd.PoolSize", func(d *Driver) int { return d.pool.size() })
 
-	// BeforeWatch makes d's prefix watch call f before each time it is
-	// made.
+	// BeforeWatch makes each of d's watches call f before each time it
+	// is made; nil removes f.
 	testhook.Set("etcd.BeforeWatch", func(d *Driver, f func()) {
-		d.hub.mu.Lock()
-		defer d.hub.mu.Unlock()
-		d.hub.before = f
+		if f == nil {
+			d.beforeWatch.Store(nil)
+			return
+		}
+		d.beforeWatch.Store(&f)
 	})
 
-	// DirWatches is the number of d's directory watches (the semaphore
-	// waiters' watches of their lock's queue, one per directory).
+	// DirWatches is the number of d's watches in use: those that a held
+	// key or a waiter is registered on (a watch that lingers after its
+	// last use is not counted).
 	testhook.Set("etcd.DirWatches", func(d *Driver) int {
-		d.dirHubsMu.Lock()
-		defer d.dirHubsMu.Unlock()
-		return len(d.dirHubs)
+		n := 0
+		d.eachHub(func(e *hubEntry) {
+			if e.refs > 0 {
+				n++
+			}
+		})
+		return n
 	})
+
+	// MaxDirWatches is how many directory watches a Driver keeps before
+	// it watches the whole prefix for the directories beyond.
+	testhook.Set("etcd.MaxDirWatches", func() int { return maxDirWatches })
+
+	// WatchEvents is the number of events d's watches have received.
+	testhook.Set("etcd.WatchEvents", func(d *Driver) int64 { return d.watchEvents.Load() })
 
 	// LoggerOf returns the Logger d logs to.
 	testhook.Set("etcd.LoggerOf", func(d *Driver) *slog.Logger { return d.log })

@@ -132,6 +132,16 @@ func TestAuthPermissions(t *testing.T) {
 			t.Fatalf("prefix app/ with the right: %v", err)
 		}
 		created := watchCreated(d)
+		// A held lock, so that the driver watches its directory.
+		l := mustNew(t, d, &dlock.Options{TTL: time.Minute})
+		if _, err := l.Acquire(t.Context(), uniqueKey(t), nil); err != nil {
+			t.Fatalf("Acquire: %v", err)
+		}
+		select {
+		case <-created:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the lock's directory watch was not made within 30s")
+		}
 		var attempts atomic.Int32
 		beforeWatch(d, func() { attempts.Add(1) })
 		if _, err := root.RoleRevokePermission(t.Context(), "locker", "app/", clientv3.GetPrefixRangeEnd("app/")); err != nil {
@@ -166,7 +176,7 @@ func TestAuthPermissions(t *testing.T) {
 		select {
 		case <-created:
 		case <-time.After(30 * time.Second):
-			t.Fatal("the prefix watch did not come back within 30s of the right being granted again")
+			t.Fatal("the watch did not come back within 30s of the right being granted again")
 		}
 	})
 }

@@ -219,8 +219,8 @@ func TestWatchChangesNoLeak(t *testing.T) {
 	eps := servers.Etcd(t, 1).Endpoints()
 	d, l := ownDriver(t, eps)
 	key := uniqueKey(t)
-	// The Locker's own goroutines (its prefix watch's) are running
-	// before the snapshot.
+	// The Locker's own goroutines (its client's) are running before the
+	// snapshot.
 	if _, err := l.Inspect(t.Context(), key); err != nil {
 		t.Fatal(err)
 	}

@@ -139,11 +139,16 @@ func awaitWatchers(t *testing.T, addr string, want int, what string) {
 	t.Fatalf("%s: the server has %d watcher(s) (err %v), want %d", what, n, err, want)
 }
 
-// TestOneWatchPerDriver: a Locker's leases and waiters share its driver's
-// one prefix watch: holding many leases adds no server-side watcher, and a lease's loss is still reported (Done, with
-// ErrLeaseLost) when its lease is revoked, and no other lease ends. (Before,
-// each lease had a watch, and a goroutine, of its own.)
-func TestOneWatchPerDriver(t *testing.T) {
+// TestWatchPerDirectory: a Locker watches the directories of the locks it
+// uses, one watch each, up to maxDirWatches, and the whole prefix for the
+// directories beyond: holding many leases adds no watcher past that, and
+// a lease's loss is still reported (Done, with ErrLeaseLost) when its lease
+// is revoked, through either kind of watch, and no other lease ends. A
+// watch no longer in use lingers for the next acquire of its lock, and
+// gives its place to another directory. (Before, each Locker watched its
+// whole prefix, and received every release under it: see
+// TestWatchNarrowed.)
+func TestWatchPerDirectory(t *testing.T) {
 	t.Parallel()
 	// A member of the test's own: the watcher count is the server's total.
 	c := ownCluster(t, 1)
@@ -153,36 +158,101 @@ func TestOneWatchPerDriver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newLocker(t, c.Endpoints(), nil)
-	awaitWatchers(t, addr, base+1, "with a Locker open") // its prefix watch
-	const n = 20
+	d, l := ownDriver(t, c.Endpoints())
+	awaitWatchers(t, addr, base, "with a Locker open and no lock used")
+	most := maxDirWatches()
+	n := most + 6
+	keys := make([]string, n)
 	leases := make([]*dlock.Lease, n)
 	for i := range leases {
-		if leases[i], err = l.Acquire(t.Context(), uniqueKey(t), &dlock.AcquireOptions{TTL: time.Minute}); err != nil {
+		keys[i] = uniqueKey(t) + strconv.Itoa(i)
+		if leases[i], err = l.Acquire(t.Context(), keys[i], &dlock.AcquireOptions{TTL: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	awaitWatchers(t, addr, base+1, fmt.Sprintf("with %d leases held", n))
-	own, _ := etcd.OwnerOf(leases[0])
-	if _, err := admin.Revoke(t.Context(), own.Lease); err != nil {
-		t.Fatal(err)
+	awaitWatchers(t, addr, base+most+1, fmt.Sprintf("with %d leases held (a watch per directory up to %d, then the prefix)", n, most))
+	if got := dirWatches(d); got != most+1 {
+		t.Errorf("%d watches in use, want %d", got, most+1)
 	}
-	select {
-	case <-leases[0].Done():
-	case <-time.After(slack):
-		t.Fatal("Done did not fire after the lease was revoked")
-	}
-	if err := leases[0].Err(); !errors.Is(err, dlock.ErrLeaseLost) {
-		t.Fatalf("Err = %v, want ErrLeaseLost", err)
-	}
-	for _, le := range leases[1:] {
-		if err := le.Err(); err != nil {
-			t.Fatalf("another lease ended with the revoked one: %v", err)
+	// One lease on a directory watch, one on the prefix watch.
+	for _, i := range []int{0, n - 1} {
+		own, _ := etcd.OwnerOf(leases[i])
+		if _, err := admin.Revoke(t.Context(), own.Lease); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-leases[i].Done():
+		case <-time.After(slack):
+			t.Fatalf("lease %d: Done did not fire after the lease was revoked", i)
+		}
+		if err := leases[i].Err(); !errors.Is(err, dlock.ErrLeaseLost) {
+			t.Fatalf("lease %d: Err = %v, want ErrLeaseLost", i, err)
 		}
 	}
-	for _, le := range leases[1:] {
+	for _, le := range leases[1 : n-1] {
+		if err := le.Err(); err != nil {
+			t.Fatalf("another lease ended with the revoked ones: %v", err)
+		}
+	}
+	for _, le := range leases {
+		_ = le.Release(t.Context())
+	}
+	if got := dirWatches(d); got != 0 {
+		t.Errorf("%d watches in use after every lease was released, want 0", got)
+	}
+	// They linger: taking the first lock again makes no watch, and a
+	// new lock takes the place of one that lingers.
+	for _, key := range []string{keys[1], uniqueKey(t) + "-new"} {
+		le, err := l.Acquire(t.Context(), key, &dlock.AcquireOptions{TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := le.Release(t.Context()); err != nil {
 			t.Fatal(err)
+		}
+	}
+	awaitWatchers(t, addr, base+most+1, "after the watches lingered and one gave its place")
+}
+
+// TestWatchNarrowed: a Locker's watches receive the releases of the locks
+// it uses, not those of other Lockers' locks under the same prefix.
+// (Before, every Locker watched its whole prefix, so n Lockers under one
+// prefix each received every release: n watch events per release.)
+func TestWatchNarrowed(t *testing.T) {
+	t.Parallel()
+	eps := ownCluster(t, 1).Endpoints()
+	da, la := ownDriver(t, eps)
+	_, lb := ownDriver(t, eps)
+	mine, err := la.Acquire(t.Context(), uniqueKey(t)+"-a", &dlock.AcquireOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = mine.Release(context.WithoutCancel(t.Context())) }()
+	before := watchEvents(da)
+	const cycles = 20
+	key := uniqueKey(t) + "-b"
+	for range cycles {
+		le, err := lb.Acquire(t.Context(), key, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := le.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A release seen by A's watch would arrive within a round trip; give
+	// the last ones time to.
+	time.Sleep(500 * time.Millisecond)
+	if got := watchEvents(da) - before; got != 0 {
+		t.Errorf("A's watches received %d events while another Locker took and released its own lock %d times; want 0", got, cycles)
+	}
+	// A still sees its own: the release of its lock is one event.
+	if err := mine.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(slack); watchEvents(da) == before; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("A's watch did not receive the release of its own lock")
 		}
 	}
 }
@@ -259,7 +329,7 @@ func TestWaiterPartitioned(t *testing.T) {
 }
 
 // TestWaiterWakesFromPrefixWatch: a waiter learns of its predecessor's
-// delete from its driver's prefix watch, registered before it reads its
+// delete from its driver's watch of the directory, registered before it reads its
 // queue, so that nothing between the read and the wait is missed. The
 // waiter's TTL is a minute, so its re-read after a keepalive (every 20s)
 // cannot be what wakes it within slack (10s).
@@ -268,7 +338,8 @@ func TestWaiterPartitioned(t *testing.T) {
 //     queue read and its wait. The waiter must be granted.
 //   - write-after-read: an unrelated write lands between the read and the
 //     wait, the predecessor goes later: the waiter is woken, and it added
-//     no watcher on the server (the driver's one prefix watch serves it).
+//     no watcher on the server (the driver's watch of the directory,
+//     made when the waiter joined, serves it).
 func TestWaiterWakesFromPrefixWatch(t *testing.T) {
 	t.Parallel()
 	c := ownCluster(t, 1)
@@ -339,20 +410,20 @@ func TestWaiterWakesFromPrefixWatch(t *testing.T) {
 			}
 			close(read)
 		})
-		awaitWatchers(t, addr, base+1, "with the waiter's Locker open") // its prefix watch
 		got := acquire(t, l, key)
 		select {
 		case <-read:
 		case <-time.After(slack):
 			t.Fatal("the waiter did not read its queue")
 		}
+		awaitWatchers(t, addr, base+1, "with the waiter queued") // its directory's watch
 		select {
 		case r := <-got:
 			t.Fatalf("the waiter's Acquire returned while the predecessor is there: %v, %v", r.le, r.err)
 		default:
 		}
 		if n, err := watchers(t.Context(), addr); err != nil || n != base+1 {
-			t.Errorf("the server has %d watcher(s) (err %v) with the waiter queued, want %d: a waiter adds none", n, err, base+1)
+			t.Errorf("the server has %d watcher(s) (err %v) with the waiter queued, want %d: a waiter adds none to its directory's", n, err, base+1)
 		}
 		if _, err := admin.Delete(t.Context(), pred); err != nil {
 			t.Fatal(err)
