@@ -109,6 +109,10 @@ type Driver struct {
 	hubsMu     sync.Mutex
 	hubs       map[hubKey]*hubEntry // the watches: losses and wake-ups (see hubFor)
 	dirWatches int                  // the directory hubs in d.hubs (all but the prefix hub)
+	hubsMade   int                  // the hubs made so far (tests)
+	// maxDirWatches is the most directory hubs before the prefix hub
+	// serves the directories beyond (the package's maxDirWatches).
+	maxDirWatches int
 
 	watchEvents  atomic.Int64                  // the events the watches received (tests)
 	watchWarned  atomic.Int64                  // when a broken watch was last logged (Unix ns; see warnWatch)
@@ -207,6 +211,7 @@ func NewDriver(ctx context.Context, client *clientv3.Client, opts *Options) (*Dr
 	d.revokeCtx, d.revokeEnd = context.WithCancel(context.Background())
 	d.ka.d = d
 	d.hubs = map[hubKey]*hubEntry{}
+	d.maxDirWatches = int(maxDirWatches.Load())
 	return d, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -163,18 +164,6 @@ func (r *keyReg) isLost() bool {
 	r.h.mu.Lock()
 	defer r.h.mu.Unlock()
 	return r.lost
-}
-
-// markLost records that the key is gone (a read or a refresh found it so)
-// and calls the loss callback, once.
-func (r *keyReg) markLost() {
-	h := r.h
-	h.mu.Lock()
-	after := r.lostLocked()
-	h.mu.Unlock()
-	if after != nil {
-		after()
-	}
 }
 
 // lostLocked marks r lost and ends its interest. It returns what to do
@@ -558,16 +547,22 @@ func (h *hub) isLive() bool {
 // The watches a Driver keeps: one per lock directory in use (deletes only:
 // the losses of its held keys and the wake-ups of its waiters), so that a
 // release reaches the Drivers that use the lock, not every Driver under the
-// prefix; one per directory where semaphore waiters wait for a write (puts
-// and deletes, see wakeUpdates); and, once maxDirWatches directory watches
-// are in use, one watch on the whole prefix for the directories beyond.
-// A directory watch no longer in use lingers for watchLinger, in case the
-// lock is taken again, unless its place is needed for another directory;
-// a watch with puts ends with its last waiter.
-const (
-	maxDirWatches = 64
-	watchLinger   = 30 * time.Second
-)
+// prefix; one more per directory where semaphore waiters wait for a write
+// (puts and deletes, see wakeUpdates); and, once maxDirWatches directory
+// watches (of either kind) are in use, one watch on the whole prefix for
+// the directories beyond (a watch with puts is made whatever the count).
+// A deletes-only directory watch no longer in use lingers for
+// watchLinger, in case the lock is taken again, unless its place is
+// needed for another directory (any lingering one gives its place); a
+// watch with puts ends with its last waiter.
+const watchLinger = 30 * time.Second
+
+// maxDirWatches is the number of directory watches a Driver keeps before
+// it watches the whole prefix too: 64, read by NewDriver. Tests lower it
+// (the SetMaxDirWatches hook) so that few locks take every path.
+var maxDirWatches atomic.Int32
+
+func init() { maxDirWatches.Store(64) }
 
 // hubKey names one of a Driver's hubs: its range and whether it has puts.
 type hubKey struct {
@@ -580,7 +575,8 @@ type hubEntry struct {
 	h      *hub
 	refs   int
 	cancel context.CancelFunc // ends the watch
-	linger *time.Timer        // while refs is 0: ends the hub after watchLinger
+	idle   time.Time          // when refs last fell to 0
+	linger *time.Timer        // armed while refs is 0: ends the hub watchLinger after idle
 }
 
 // hubFor returns the hub that covers dir (with puts if puts), made if need
@@ -591,7 +587,7 @@ func (d *Driver) hubFor(dir string, puts bool) (*hub, func()) {
 	defer d.hubsMu.Unlock()
 	k := hubKey{dir, puts}
 	e := d.hubs[k]
-	if e == nil && d.dirWatches >= maxDirWatches && !d.evictLocked() && !puts {
+	if e == nil && d.dirWatches >= d.maxDirWatches && !d.evictLocked() && !puts {
 		k = hubKey{d.prefix, false}
 		e = d.hubs[k]
 	}
@@ -599,13 +595,13 @@ func (d *Driver) hubFor(dir string, puts bool) (*hub, func()) {
 		ctx, cancel := context.WithCancel(d.ctx)
 		e = &hubEntry{h: newHub(d, k.prefix, puts, ctx), cancel: cancel}
 		d.hubs[k] = e
+		d.hubsMade++
 		if k.prefix != d.prefix {
 			d.dirWatches++
 		}
 	}
 	if e.linger != nil {
 		e.linger.Stop()
-		e.linger = nil
 	}
 	e.refs++
 	var once sync.Once
@@ -624,12 +620,24 @@ func (d *Driver) unref(k hubKey, e *hubEntry) {
 		d.endLocked(k, e)
 		return
 	}
+	e.idle = time.Now()
+	if e.linger != nil {
+		e.linger.Reset(watchLinger)
+		return
+	}
 	e.linger = time.AfterFunc(watchLinger, func() {
 		d.hubsMu.Lock()
 		defer d.hubsMu.Unlock()
-		if e.refs == 0 && d.hubs[k] == e {
-			d.endLocked(k, e)
+		if e.refs != 0 || d.hubs[k] != e {
+			return
 		}
+		// A run of the timer armed before the last Reset, which
+		// waited for the lock, must not end the hub early.
+		if left := watchLinger - time.Since(e.idle); left > 0 {
+			e.linger.Reset(left)
+			return
+		}
+		d.endLocked(k, e)
 	})
 }
 
@@ -649,7 +657,6 @@ func (d *Driver) evictLocked() bool {
 func (d *Driver) endLocked(k hubKey, e *hubEntry) {
 	if e.linger != nil {
 		e.linger.Stop()
-		e.linger = nil
 	}
 	delete(d.hubs, k)
 	if k.prefix != d.prefix {

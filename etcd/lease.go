@@ -415,8 +415,8 @@ func (l *lease) Release(ctx context.Context) error {
 // counted from the moment its keepalive was sent. A lease whose keepalive
 // finds it gone fails with ErrNotHeld, and so does one whose key the
 // Driver's watch has seen deleted; the keys whose watch is not in force
-// (it broke and is being made again) are read instead, in transactions of
-// up to 100 reads. A request for another TTL, and one for
+// (not made yet, or broken and being made again) are read instead, in
+// transactions of up to 100 reads. A request for another TTL, and one for
 // a lease with a move of unknown outcome (whose key may be on another
 // lease, which no delete would show), goes through Refresh on its own.
 func (d *Driver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest) {

@@ -72,7 +72,20 @@ func init() {
 
 	// MaxDirWatches is how many directory watches a Driver keeps before
 	// it watches the whole prefix for the directories beyond.
-	testhook.Set("etcd.MaxDirWatches", func() int { return maxDirWatches })
+	testhook.Set("etcd.MaxDirWatches", func() int { return int(maxDirWatches.Load()) })
+
+	// SetMaxDirWatches sets that number for the Drivers opened from then
+	// on (at least 1), and returns the number it replaces.
+	testhook.Set("etcd.SetMaxDirWatches", func(n int) int { return int(maxDirWatches.Swap(int32(max(n, 1)))) })
+
+	// WatchesMade is the number of watches d has made: one per
+	// directory (or prefix) it began to watch, not counting those made
+	// again after a break.
+	testhook.Set("etcd.WatchesMade", func(d *Driver) int {
+		d.hubsMu.Lock()
+		defer d.hubsMu.Unlock()
+		return d.hubsMade
+	})
 
 	// WatchEvents is the number of events d's watches have received.
 	testhook.Set("etcd.WatchEvents", func(d *Driver) int64 { return d.watchEvents.Load() })

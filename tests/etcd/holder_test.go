@@ -219,8 +219,9 @@ func TestWatchChangesNoLeak(t *testing.T) {
 	eps := servers.Etcd(t, 1).Endpoints()
 	d, l := ownDriver(t, eps)
 	key := uniqueKey(t)
-	// The Locker's own goroutines (its client's) are running before the
-	// snapshot.
+	// The client's connection is up before the snapshot (Inspect
+	// starts no watch; the client ends its watch stream's goroutines
+	// with its last watch).
 	if _, err := l.Inspect(t.Context(), key); err != nil {
 		t.Fatal(err)
 	}

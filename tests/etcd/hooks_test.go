@@ -23,6 +23,7 @@ var (
 	beforeWatch    = testhook.Get[func(*etcd.Driver, func())]("etcd.BeforeWatch")
 	maxDirWatches  = testhook.Get[func() int]("etcd.MaxDirWatches")
 	watchEvents    = testhook.Get[func(*etcd.Driver) int64]("etcd.WatchEvents")
+	watchesMade    = testhook.Get[func(*etcd.Driver) int]("etcd.WatchesMade")
 	loggerOf       = testhook.Get[func(*etcd.Driver) *slog.Logger]("etcd.LoggerOf")
 	injectFault    = testhook.Get[func(*etcd.Driver, func(doing string, id clientv3.LeaseID) error)]("etcd.InjectFault")
 	holdMove       = testhook.Get[func(*etcd.Driver, func(to clientv3.LeaseID, commit func(context.Context) (bool, error)) error)]("etcd.HoldMove")

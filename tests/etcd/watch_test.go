@@ -200,12 +200,20 @@ func TestWatchPerDirectory(t *testing.T) {
 	if got := dirWatches(d); got != 0 {
 		t.Errorf("%d watches in use after every lease was released, want 0", got)
 	}
-	// They linger: taking the first lock again makes no watch, and a
-	// new lock takes the place of one that lingers.
-	for _, key := range []string{keys[1], uniqueKey(t) + "-new"} {
-		le, err := l.Acquire(t.Context(), key, &dlock.AcquireOptions{TTL: time.Minute})
+	// They linger: taking one of the locks again makes no watch, and a
+	// new lock gets a watch of its own in the place of one that lingers
+	// (not the prefix watch).
+	for _, c := range []struct {
+		key  string
+		made int
+	}{{keys[1], 0}, {uniqueKey(t) + "-new", 1}} {
+		made := watchesMade(d)
+		le, err := l.Acquire(t.Context(), c.key, &dlock.AcquireOptions{TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
+		}
+		if got := watchesMade(d) - made; got != c.made {
+			t.Errorf("acquiring %q made %d watches, want %d", c.key, got, c.made)
 		}
 		if err := le.Release(t.Context()); err != nil {
 			t.Fatal(err)

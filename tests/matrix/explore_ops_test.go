@@ -16,6 +16,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance/check"
 	"github.com/dlock-go/dlock/etcd"
+	"github.com/dlock-go/dlock/internal/testhook"
 	"github.com/dlock-go/dlock/tests/servers"
 )
 
@@ -183,6 +184,11 @@ func (x *explorer) carried(id int) string {
 	return fmt.Sprintf("; its etcd lease %x carried lease %s before, whose Release failed", int64(x.leases[id].etcd), strings.Join(before, ", "))
 }
 
+// setMaxDirWatches sets how many lock directories an etcd Locker opened
+// from then on watches before it watches the whole prefix, and returns the
+// number it replaces.
+var setMaxDirWatches = testhook.Get[func(int) int]("etcd.SetMaxDirWatches")
+
 func newExplorer(t *testing.T, e *env, seed uint64) *explorer {
 	x := &explorer{t: t, e: e, seed: seed, regs: map[string]*check.Register{},
 		cfaults: map[string][]window{}, leases: map[int]exploreLease{}, failedRelease: map[clientv3.LeaseID][]int{}, traces: map[int][]string{}, nemesisServers: true,
@@ -198,6 +204,15 @@ func newExplorer(t *testing.T, e *env, seed uint64) *explorer {
 		// (etcd's clean-ups) cut off from the servers to show what
 		// happens after.
 		x.ttls, x.autoMin, x.minReq = []time.Duration{2 * time.Second, 3 * time.Second, 5 * time.Second, 8 * time.Second}, 2*time.Second, 30
+		// How many lock directories a Locker watches before it
+		// watches the whole prefix too, from the seed (not from the
+		// clients' draws): with 1 or 2, the run's few keys take the
+		// prefix watch, the eviction of a lingering directory watch
+		// and its reuse; 64 is the default.
+		n := []int{1, 2, 64}[seed%3]
+		old := setMaxDirWatches(n)
+		t.Cleanup(func() { setMaxDirWatches(old) })
+		t.Logf("etcd: %d directory watches per Locker before the prefix watch", n)
 	case bZooKeeper:
 		x.ttls, x.autoMin, x.minReq = []time.Duration{time.Second, 2 * time.Second, 3 * time.Second}, 2*time.Second, 20
 	default:
