@@ -51,4 +51,9 @@
 //
 // The scale workloads run once per iteration: use a duration -benchtime
 // (such as the default 1s), not an iteration count above 1.
+//
+// DLOCK_BENCH_RATE=N paces BenchmarkCycle (and BenchmarkSemaphore) to at
+// most N cycles per second in all, so that two libraries' CPU per cycle is
+// compared at the same rate, below both their ceilings (on ZooKeeper the
+// server's CPU per cycle depends on the rate: docs/performance.md).
 package bench

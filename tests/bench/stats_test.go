@@ -34,6 +34,24 @@ func runCycles(b *testing.B, w int, mk func(i int) func() error) {
 	runCyclesAs(b, w, "cycles/s", mk)
 }
 
+// rateEnv, set to N > 0, paces runCycles and runCyclesAs
+// (BenchmarkCycle, BenchmarkSemaphore): the cycles together start at
+// most N per second (cycle k not before k/N s after the first), so that two
+// libraries can be compared at the same rate, below both their ceilings:
+// their CPU per cycle then does not depend on how fast each one goes.
+// Unset, the workers go as fast as they can. A paced run's cycles/s is N
+// if the library keeps up.
+const rateEnv = "DLOCK_BENCH_RATE"
+
+// paceEvery is the interval between cycle starts under rateEnv (0: none).
+var paceEvery = func() time.Duration {
+	n, err := strconv.ParseFloat(os.Getenv(rateEnv), 64)
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return time.Duration(float64(time.Second) / n)
+}()
+
 // runCyclesAs is runCycles reporting the rate in unit (such as
 // "permits/s") instead of cycles/s.
 func runCyclesAs(b *testing.B, w int, unit string, mk func(i int) func() error) {
@@ -49,7 +67,14 @@ func runCyclesAs(b *testing.B, w int, unit string, mk func(i int) func() error) 
 	var wg sync.WaitGroup
 	for _, fn := range fns {
 		wg.Go(func() {
-			for remaining.Add(-1) >= 0 {
+			for {
+				k := int64(b.N) - remaining.Add(-1) - 1 // this cycle's number, from 0
+				if k >= int64(b.N) {
+					return
+				}
+				if paceEvery > 0 {
+					time.Sleep(time.Until(start.Add(time.Duration(k) * paceEvery)))
+				}
 				if err := fn(); err != nil {
 					b.Error(err)
 					return

@@ -136,7 +136,7 @@ func cmpOr(a, b error) error {
 // plus the lease ID). The waiter of another Locker that was queued behind
 // the old key goes first; the holder's new grant comes after it, with a
 // larger token, and the delete of the old key (a lower revision, seen by
-// the same prefix watch) is not taken for the loss of the new one.
+// the same directory watch) is not taken for the loss of the new one.
 func TestPooledLeaseSameKeyBehindWaiter(t *testing.T) {
 	t.Parallel()
 	eps := servers.Etcd(t, 1).Endpoints()
@@ -197,7 +197,7 @@ func TestPooledLeaseSameKeyBehindWaiter(t *testing.T) {
 		if a.le.Token() <= b.le.Token() {
 			t.Fatalf("round %d: token %d not above the waiter's %d", round, a.le.Token(), b.le.Token())
 		}
-		// It was woken by the waiter's delete, which the prefix watch saw
+		// It was woken by the waiter's delete, which the directory's watch saw
 		// after the old key's delete: a loss taken from that delete
 		// would have been reported by now.
 		if err := a.le.Err(); err != nil {

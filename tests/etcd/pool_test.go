@@ -190,8 +190,8 @@ func deadlineWithinServer(t *testing.T, admin *clientv3.Client, le *dlock.Lease,
 	}
 }
 
-// TestLossAcrossWatchBreak: the driver's prefix watch breaks (as on a
-// compaction or a member that lost its leader) and, while it is down, a
+// TestLossAcrossWatchBreak: the driver's watches break (as on a
+// compaction or a member that lost its leader) and, while they are down, a
 // held lease is revoked. When the watch is made again the driver reads the
 // held keys, and the loss is reported; a loss after that comes through the
 // new watch.
