@@ -113,6 +113,7 @@ type Driver struct {
 	// maxDirWatches is the most directory hubs before the prefix hub
 	// serves the directories beyond (the package's maxDirWatches).
 	maxDirWatches int
+	watchLinger   time.Duration // how long a directory hub no longer in use lingers (the package's watchLinger)
 
 	watchEvents  atomic.Int64                  // the events the watches received (tests)
 	watchWarned  atomic.Int64                  // when a broken watch was last logged (Unix ns; see warnWatch)
@@ -212,6 +213,7 @@ func NewDriver(ctx context.Context, client *clientv3.Client, opts *Options) (*Dr
 	d.ka.d = d
 	d.hubs = map[hubKey]*hubEntry{}
 	d.maxDirWatches = int(maxDirWatches.Load())
+	d.watchLinger = time.Duration(watchLinger.Load())
 	return d, nil
 }
 

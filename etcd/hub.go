@@ -555,7 +555,9 @@ func (h *hub) isLive() bool {
 // watchLinger, in case the lock is taken again, unless its place is
 // needed for another directory (any lingering one gives its place); a
 // watch with puts ends with its last waiter.
-const watchLinger = 30 * time.Second
+var watchLinger atomic.Int64 // a time.Duration: 30s, read by NewDriver; tests shorten it (SetWatchLinger)
+
+func init() { watchLinger.Store(int64(30 * time.Second)) }
 
 // maxDirWatches is the number of directory watches a Driver keeps before
 // it watches the whole prefix too: 64, read by NewDriver. Tests lower it
@@ -576,7 +578,7 @@ type hubEntry struct {
 	refs   int
 	cancel context.CancelFunc // ends the watch
 	idle   time.Time          // when refs last fell to 0
-	linger *time.Timer        // armed while refs is 0: ends the hub watchLinger after idle
+	linger *time.Timer        // armed while refs is 0: ends the hub d.watchLinger after idle
 }
 
 // hubFor returns the hub that covers dir (with puts if puts), made if need
@@ -622,10 +624,10 @@ func (d *Driver) unref(k hubKey, e *hubEntry) {
 	}
 	e.idle = time.Now()
 	if e.linger != nil {
-		e.linger.Reset(watchLinger)
+		e.linger.Reset(d.watchLinger)
 		return
 	}
-	e.linger = time.AfterFunc(watchLinger, func() {
+	e.linger = time.AfterFunc(d.watchLinger, func() {
 		d.hubsMu.Lock()
 		defer d.hubsMu.Unlock()
 		if e.refs != 0 || d.hubs[k] != e {
@@ -633,7 +635,7 @@ func (d *Driver) unref(k hubKey, e *hubEntry) {
 		}
 		// A run of the timer armed before the last Reset, which
 		// waited for the lock, must not end the hub early.
-		if left := watchLinger - time.Since(e.idle); left > 0 {
+		if left := d.watchLinger - time.Since(e.idle); left > 0 {
 			e.linger.Reset(left)
 			return
 		}

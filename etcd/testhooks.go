@@ -3,6 +3,7 @@ package etcd
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -77,6 +78,11 @@ func init() {
 	// SetMaxDirWatches sets that number for the Drivers opened from then
 	// on (at least 1), and returns the number it replaces.
 	testhook.Set("etcd.SetMaxDirWatches", func(n int) int { return int(maxDirWatches.Swap(int32(max(n, 1)))) })
+
+	// SetWatchLinger sets how long a directory watch no longer in use
+	// lingers, for the Drivers opened from then on, and returns the
+	// duration it replaces.
+	testhook.Set("etcd.SetWatchLinger", func(d time.Duration) time.Duration { return time.Duration(watchLinger.Swap(int64(d))) })
 
 	// WatchesMade is the number of watches d has made: one per
 	// directory (or prefix) it began to watch, not counting those made

@@ -3,6 +3,7 @@ package etcd_test
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -24,6 +25,7 @@ var (
 	maxDirWatches  = testhook.Get[func() int]("etcd.MaxDirWatches")
 	watchEvents    = testhook.Get[func(*etcd.Driver) int64]("etcd.WatchEvents")
 	watchesMade    = testhook.Get[func(*etcd.Driver) int]("etcd.WatchesMade")
+	setWatchLinger = testhook.Get[func(time.Duration) time.Duration]("etcd.SetWatchLinger")
 	loggerOf       = testhook.Get[func(*etcd.Driver) *slog.Logger]("etcd.LoggerOf")
 	injectFault    = testhook.Get[func(*etcd.Driver, func(doing string, id clientv3.LeaseID) error)]("etcd.InjectFault")
 	holdMove       = testhook.Get[func(*etcd.Driver, func(to clientv3.LeaseID, commit func(context.Context) (bool, error)) error)]("etcd.HoldMove")

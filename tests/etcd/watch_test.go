@@ -222,6 +222,54 @@ func TestWatchPerDirectory(t *testing.T) {
 	awaitWatchers(t, addr, base+most+1, "after the watches lingered and one gave its place")
 }
 
+// TestWatchLingerEnds: a directory watch no longer in use is kept while its
+// lock is taken again within the linger (each release re-arms it), and
+// ends once it has lingered that long unused; the next acquire of the lock
+// then makes a new one. Not parallel: the linger (1s here, 30s by
+// default) is the package's, read by NewDriver.
+func TestWatchLingerEnds(t *testing.T) {
+	c := ownCluster(t, 1)
+	addr := c.Members[0].Addr()
+	base, err := watchers(t.Context(), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const linger = time.Second
+	old := setWatchLinger(linger)
+	t.Cleanup(func() { setWatchLinger(old) })
+	d, l := ownDriver(t, c.Endpoints())
+	setWatchLinger(old)
+	key := uniqueKey(t)
+	cycle := func() (made int) {
+		t.Helper()
+		before := watchesMade(d)
+		le, err := l.Acquire(t.Context(), key, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := le.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		return watchesMade(d) - before
+	}
+	if n := cycle(); n != 1 {
+		t.Fatalf("the first acquire made %d watches, want 1", n)
+	}
+	awaitWatchers(t, addr, base+1, "after the first release")
+	// Taken again every 0.6 of the linger, for 3 lingers: kept.
+	for end := time.Now().Add(3 * linger); time.Now().Before(end); {
+		time.Sleep(linger * 6 / 10)
+		if n := cycle(); n != 0 {
+			t.Fatalf("an acquire %v after the last release made %d watches, want 0 (the watch ended early)", linger*6/10, n)
+		}
+	}
+	// Left alone: it ends, and the next acquire makes a new one.
+	awaitWatchers(t, addr, base, "after the watch lingered unused")
+	if n := cycle(); n != 1 {
+		t.Fatalf("an acquire after the watch ended made %d watches, want 1", n)
+	}
+}
+
 // TestWatchNarrowed: a Locker's watches receive the releases of the locks
 // it uses, not those of other Lockers' locks under the same prefix.
 // (Before, every Locker watched its whole prefix, so n Lockers under one
