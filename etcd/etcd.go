@@ -106,10 +106,9 @@ type Driver struct {
 	ka   keeper // the one keepalive stream
 	pool pool   // idle leases, by TTL
 
-	hubsMu     sync.Mutex
-	hubs       map[hubKey]*hubEntry // the watches: losses and wake-ups (see hubFor)
-	dirWatches int                  // the directory hubs in d.hubs (all but the prefix hub)
-	hubsMade   int                  // the hubs made so far (tests)
+	hubsMu   sync.Mutex
+	hubs     map[hubKey]*hubEntry // the watches: losses and wake-ups (see hubFor)
+	hubsMade int                  // the hubs made so far (tests)
 	// maxDirWatches is the most directory hubs before the prefix hub
 	// serves the directories beyond (the package's maxDirWatches).
 	maxDirWatches int

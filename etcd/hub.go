@@ -555,16 +555,21 @@ func (h *hub) isLive() bool {
 // watchLinger, in case the lock is taken again, unless its place is
 // needed for another directory (any lingering one gives its place); a
 // watch with puts ends with its last waiter.
-var watchLinger atomic.Int64 // a time.Duration: 30s, read by NewDriver; tests shorten it (SetWatchLinger)
 
-func init() { watchLinger.Store(int64(30 * time.Second)) }
+// watchLinger (a time.Duration, 30s) is how long a directory watch no
+// longer in use lingers, and maxDirWatches (64) the number of directory
+// watches a Driver keeps before it watches the whole prefix too; NewDriver
+// reads both. Tests shorten and lower them (the SetWatchLinger and
+// SetMaxDirWatches hooks) so that few locks take every path quickly.
+var (
+	watchLinger   atomic.Int64
+	maxDirWatches atomic.Int32
+)
 
-// maxDirWatches is the number of directory watches a Driver keeps before
-// it watches the whole prefix too: 64, read by NewDriver. Tests lower it
-// (the SetMaxDirWatches hook) so that few locks take every path.
-var maxDirWatches atomic.Int32
-
-func init() { maxDirWatches.Store(64) }
+func init() {
+	watchLinger.Store(int64(30 * time.Second))
+	maxDirWatches.Store(64)
+}
 
 // hubKey names one of a Driver's hubs: its range and whether it has puts.
 type hubKey struct {
@@ -589,7 +594,7 @@ func (d *Driver) hubFor(dir string, puts bool) (*hub, func()) {
 	defer d.hubsMu.Unlock()
 	k := hubKey{dir, puts}
 	e := d.hubs[k]
-	if e == nil && d.dirWatches >= d.maxDirWatches && !d.evictLocked() && !puts {
+	if e == nil && d.dirWatchesLocked() >= d.maxDirWatches && !d.evictLocked() && !puts {
 		k = hubKey{d.prefix, false}
 		e = d.hubs[k]
 	}
@@ -598,9 +603,6 @@ func (d *Driver) hubFor(dir string, puts bool) (*hub, func()) {
 		e = &hubEntry{h: newHub(d, k.prefix, puts, ctx), cancel: cancel}
 		d.hubs[k] = e
 		d.hubsMade++
-		if k.prefix != d.prefix {
-			d.dirWatches++
-		}
 	}
 	if e.linger != nil {
 		e.linger.Stop()
@@ -643,6 +645,16 @@ func (d *Driver) unref(k hubKey, e *hubEntry) {
 	})
 }
 
+// dirWatchesLocked is the number of directory hubs: all of d.hubs but the
+// prefix hub. d.hubsMu is held.
+func (d *Driver) dirWatchesLocked() int {
+	n := len(d.hubs)
+	if _, ok := d.hubs[hubKey{d.prefix, false}]; ok {
+		n--
+	}
+	return n
+}
+
 // evictLocked ends one lingering directory hub, if there is one, to make
 // room for another. d.hubsMu is held.
 func (d *Driver) evictLocked() bool {
@@ -661,9 +673,6 @@ func (d *Driver) endLocked(k hubKey, e *hubEntry) {
 		e.linger.Stop()
 	}
 	delete(d.hubs, k)
-	if k.prefix != d.prefix {
-		d.dirWatches--
-	}
 	e.cancel()
 }
 
