@@ -299,9 +299,18 @@ func (s *suite) electionHistory(t *testing.T) {
 		name := fmt.Sprintf("c%d", i)
 		var c *candidate
 		ready := make(chan struct{}) // c is set
+		// since: no later than the candidate's next Acquire, which Run
+		// invokes after lead has returned. The grant may have come well
+		// before lead is called, and an expiry injected in between may
+		// have dropped it: the history must say so, or the next leader
+		// looks like a second holder.
+		since := time.Now()
 		c = campaign(t, ctx, s.locker(t), k, name, &dlock.ElectionOptions{TTL: s.electionTTL()}, func(lctx context.Context, le *dlock.Lease) error {
-			cl := h.Granted(name, le, time.Now())
-			defer cl.GivenUp()
+			cl := h.Granted(name, le, since)
+			defer func() {
+				cl.GivenUp()
+				since = time.Now()
+			}()
 			mu.Lock()
 			if terms++; terms == minTerms {
 				close(enough)
