@@ -7,12 +7,14 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/conformance/check"
+	"github.com/dlock-go/dlock/observe"
 )
 
 // electionTTL is the leader's lease time in the election cases: long
@@ -299,18 +301,16 @@ func (s *suite) electionHistory(t *testing.T) {
 		name := fmt.Sprintf("c%d", i)
 		var c *candidate
 		ready := make(chan struct{}) // c is set
-		// since: no later than the candidate's next Acquire, which Run
-		// invokes after lead has returned. The grant may have come well
-		// before lead is called, and an expiry injected in between may
-		// have dropped it: the history must say so, or the next leader
-		// looks like a second holder.
-		since := time.Now()
-		c = campaign(t, ctx, s.locker(t), k, name, &dlock.ElectionOptions{TTL: s.electionTTL()}, func(lctx context.Context, le *dlock.Lease) error {
-			cl := h.Granted(name, le, since)
-			defer func() {
-				cl.GivenUp()
-				since = time.Now()
-			}()
+		// The term's acquire is recorded as invoked when Run's Acquire
+		// began (the Locker's Observer sees it), not when lead is
+		// called: the grant may come well before, and an expiry
+		// injected in between may have dropped it; the history must say
+		// so, or the next leader looks like a second holder.
+		var began acquireBegan
+		l := s.lockerWith(t, &dlock.Options{Observer: &began})
+		c = campaign(t, ctx, l, k, name, &dlock.ElectionOptions{TTL: s.electionTTL()}, func(lctx context.Context, le *dlock.Lease) error {
+			cl := h.Granted(name, le, began.last())
+			defer cl.GivenUp()
 			mu.Lock()
 			if terms++; terms == minTerms {
 				close(enough)
@@ -378,8 +378,14 @@ func (s *suite) electionHistory(t *testing.T) {
 		close(c.terms)
 	}
 	s.checkHistory(t, h, 1)
+	valid := 0
+	for _, sp := range check.Validity(h) {
+		if sp.Valid() {
+			valid++
+		}
+	}
 	mu.Lock()
-	t.Logf("%d terms, %d expiries injected", terms, n)
+	t.Logf("%d terms (%d of them valid for some time, as the checks judge), %d expiries injected", terms, valid, n)
 	mu.Unlock()
 }
 
@@ -408,3 +414,20 @@ func (s *suite) electionLeavesNothing(t *testing.T) {
 	})
 	s.noResidue(t, k, "after the candidates stopped")
 }
+
+// acquireBegan is an observe.Observer that records when the last Acquire
+// of its Locker began.
+type acquireBegan struct{ at atomic.Pointer[time.Time] }
+
+func (a *acquireBegan) last() time.Time { return *a.at.Load() }
+
+func (a *acquireBegan) AcquireStart(ctx context.Context, _ observe.AcquireStartEvent) context.Context {
+	now := time.Now()
+	a.at.Store(&now)
+	return ctx
+}
+
+func (*acquireBegan) AcquireEnd(context.Context, observe.AcquireEndEvent) {}
+func (*acquireBegan) Refresh(context.Context, observe.RefreshEvent)       {}
+func (*acquireBegan) Release(context.Context, observe.ReleaseEvent)       {}
+func (*acquireBegan) LeaseEnd(observe.LeaseEndEvent)                      {}
