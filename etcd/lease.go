@@ -125,14 +125,15 @@ func (l *lease) unchanged(id clientv3.LeaseID, modRev int64) []clientv3.Cmp {
 
 // Refresh renews the lease. etcd cannot change a lease's TTL: for the TTL
 // the lease was granted with, Refresh sends one keepalive (on one of the
-// Driver's keepalive streams) and, at the same time, checks in a read-only
-// transaction that the key is still ours on that lease; for another TTL,
-// it grants a new lease and moves our key onto it in a transaction that
-// checks we still own the key (the key keeps its create revision, so the
-// token does not change), then revokes the old lease. If an earlier move's
-// outcome is still unknown (see settleMove), Refresh first settles it with
-// a fencing transaction (see settle) and keeps the lease the key is on; if
-// that fails too, Refresh fails (ErrUnavailable) and renews nothing.
+// Driver's keepalive streams) and, at the same time, checks in a
+// linearizable read-only transaction that the key is still ours on that
+// lease; for another TTL, it grants a new lease and moves our key onto it
+// in a transaction that checks we still own the key (the key keeps its
+// create revision, so the token does not change), then revokes the old
+// lease. If an earlier move's outcome is still unknown (see settleMove),
+// Refresh first settles it with a fencing transaction (see settle) and
+// keeps the lease the key is on; if that fails too, Refresh fails
+// (ErrUnavailable) and renews nothing.
 func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
 	l.leaseMu.Lock()
 	ms := l.unsettled
@@ -154,7 +155,12 @@ func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 	d := l.w.d
 	if same {
 		wait := d.ka.start(ctx, []clientv3.LeaseID{el.id})
-		tr, terr := d.txn(ctx, "checking the lock key", l.owned(el.id))
+		// The Then's read is what makes the check linearizable: etcd
+		// answers a transaction with no operations, like any made only
+		// of serializable reads, from the member's own state, which
+		// may not yet hold a delete another member has answered.
+		tr, terr := d.txn(ctx, "checking the lock key", l.owned(el.id),
+			clientv3.OpGet(l.w.myKey, clientv3.WithCountOnly()))
 		r := wait()[0]
 		switch {
 		case r.err != nil:

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/driver"
 	"github.com/dlock-go/dlock/etcd"
 	"github.com/dlock-go/dlock/tests/servers"
 )
@@ -290,5 +291,53 @@ func TestMoveThenPooled(t *testing.T) {
 	}
 	if err := again.Release(t.Context()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRefreshReadsPastFollower: on a 3-member cluster, a Locker whose
+// client talks to a follower holds a lock; someone deletes the lock key
+// through the leader, and that delete has been answered. The backend's
+// Refresh to the same TTL (a keepalive, which the leader answers, and a
+// check of the key) must then find the key gone: ErrNotHeld, every time.
+// A check the follower answers from its own state, which may not yet hold
+// the delete, would report the lock held. Run many times, as the follower
+// usually catches up within a millisecond.
+func TestRefreshReadsPastFollower(t *testing.T) {
+	t.Parallel()
+	c := ownCluster(t, 3)
+	admin := newClient(t, c.Endpoints())
+	lead := leader(t, c, admin)
+	follower := (lead + 1) % len(c.Members)
+	l := newLocker(t, []string{c.Members[follower].Addr()}, nil)
+	deleter := newClient(t, []string{c.Members[lead].Addr()})
+	const rounds, ttl = 200, 5 * time.Second
+	stale := 0
+	for i := range rounds {
+		k := fmt.Sprintf("%s.%d", uniqueKey(t), i)
+		le, err := l.TryAcquire(t.Context(), k, &dlock.AcquireOptions{TTL: ttl})
+		if err != nil {
+			t.Fatalf("round %d: TryAcquire: %v", i, err)
+		}
+		own, ok := etcd.OwnerOf(le)
+		if !ok {
+			t.Fatal("OwnerOf: not an etcd lease")
+		}
+		resp, err := deleter.Txn(t.Context()).
+			If(clientv3.Compare(clientv3.CreateRevision(own.Key), "=", own.CreateRevision)).
+			Then(clientv3.OpDelete(own.Key)).Commit()
+		if err != nil || !resp.Succeeded {
+			t.Fatalf("round %d: deleting the key through the leader: %v (succeeded: %v)", i, err, resp != nil && resp.Succeeded)
+		}
+		_, err = driver.LeaseOf(le).Refresh(t.Context(), ttl)
+		switch {
+		case err == nil:
+			stale++
+		case !errors.Is(err, backend.ErrNotHeld):
+			t.Fatalf("round %d: Refresh after the delete: %v; want ErrNotHeld", i, err)
+		}
+		_ = le.Release(t.Context())
+	}
+	if stale > 0 {
+		t.Errorf("in %d of %d rounds, Refresh after a delete answered by the leader reported the key still held", stale, rounds)
 	}
 }
