@@ -293,14 +293,18 @@
 // opens another, which the client may send to another member.
 //
 // Refresh with the TTL the lease was granted with sends one keepalive and,
-// at the same time, checks in a read-only transaction that the key is still
-// ours on that lease. The Driver is also a backend.BatchRefresher:
-// RefreshBatch renews all the leases of one call with one keepalive each on
-// one stream, and reports a lease lost (ErrNotHeld) if its keepalive finds
-// it gone or the watch of its directory has seen its key deleted (while
-// that watch is down, it reads the key instead). A key deleted behind our back while its
-// lease lives is thus reported within the watch's delay, not by the
-// refresh that races with it.
+// at the same time, checks in a linearizable read-only transaction that the
+// key is still ours on that lease. The Driver is also a
+// backend.BatchRefresher: RefreshBatch renews all the leases of one call
+// with one keepalive each on one stream and reads their keys at the same
+// time (up to 100 in one linearizable transaction), and reports a lease
+// lost (ErrNotHeld) if its keepalive finds it gone or the read finds its
+// key gone. A key deleted behind our back while its lease lives (by an
+// operator, say) is thus reported by every refresh that starts after the
+// delete was answered, whichever member the client talks to, and often
+// earlier by the watch of its directory, whose events come from its
+// member's own state, which may lag the cluster's (both reads wait for a
+// read index instead).
 // etcd cannot change a lease's TTL, so Refresh with another TTL grants a new
 // lease and moves the key onto it (a transaction that checks the key is
 // still ours, on the lease we keep alive, and not written since our last

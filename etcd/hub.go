@@ -537,13 +537,6 @@ func (h *hub) breakWatch() {
 	}
 }
 
-// isLive reports whether the watch is in force.
-func (h *hub) isLive() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.live
-}
-
 // The watches a Driver keeps: one per lock directory in use (deletes only:
 // the losses of its held keys and the wake-ups of its waiters), so that a
 // release reaches the Drivers that use the lock, not every Driver under the

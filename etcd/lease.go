@@ -418,11 +418,12 @@ func (l *lease) Release(ctx context.Context) error {
 // RefreshBatch implements backend.BatchRefresher. The requests that keep
 // their lease's TTL are renewed together: one keepalive each, all on one of
 // the Driver's keepalive streams (no Raft write), each lease's new expiry
-// counted from the moment its keepalive was sent. A lease whose keepalive
-// finds it gone fails with ErrNotHeld, and so does one whose key the
-// Driver's watch has seen deleted; the keys whose watch is not in force
-// (not made yet, or broken and being made again) are read instead, in
-// transactions of up to 100 reads. A request for another TTL, and one for
+// counted from the moment its keepalive was sent. Their keys are read at
+// the same time, in linearizable transactions of up to 100 reads. A lease
+// whose keepalive finds it gone fails with ErrNotHeld, and so does one
+// whose key the read finds gone or not ours (or the Driver's watch has
+// seen deleted); if the read fails, every lease of the batch fails with
+// its error (ErrUnavailable). A request for another TTL, and one for
 // a lease with a move of unknown outcome (whose key may be on another
 // lease, which no delete would show), goes through Refresh on its own.
 func (d *Driver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest) {
@@ -454,27 +455,18 @@ func (d *Driver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest
 			ids[j] = el.id
 		}
 		wait := d.ka.start(ctx, ids)
-		// The keys whose watch is not in force are read.
-		var unsure []*lease
-		isUnsure := map[*lease]bool{}
-		for _, l := range ls {
-			if !l.w.reg.h.isLive() && !l.w.reg.isLost() {
-				unsure = append(unsure, l)
-				isUnsure[l] = true
-			}
-		}
-		var gone map[*lease]bool
-		var gerr error
-		if len(unsure) > 0 {
-			gone, gerr = d.readOwned(ctx, unsure)
-		}
+		// The keys are read as well, linearizably, while the keepalives
+		// are out: the directory's watch cannot stand in for the read,
+		// as it reports its member's own state, which may lag the
+		// cluster's (and a frozen member's never moves).
+		gone, gerr := d.readOwned(ctx, ls)
 		rs := wait()
 		for j, i := range idx {
 			r, l := rs[j], ls[j]
 			switch {
 			case r.err != nil:
 				reqs[i].Err = r.err
-			case gerr != nil && isUnsure[l]:
+			case gerr != nil:
 				reqs[i].Err = gerr
 			case gone[l] || l.w.reg.isLost():
 				reqs[i].Err = fmt.Errorf("%w: etcd: the lock key is gone", backend.ErrNotHeld)

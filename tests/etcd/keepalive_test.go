@@ -296,48 +296,64 @@ func TestMoveThenPooled(t *testing.T) {
 
 // TestRefreshReadsPastFollower: on a 3-member cluster, a Locker whose
 // client talks to a follower holds a lock; someone deletes the lock key
-// through the leader, and that delete has been answered. The backend's
-// Refresh to the same TTL (a keepalive, which the leader answers, and a
-// check of the key) must then find the key gone: ErrNotHeld, every time.
-// A check the follower answers from its own state, which may not yet hold
-// the delete, would report the lock held. Run many times, as the follower
-// usually catches up within a millisecond.
+// through the leader, and that delete has been answered. A refresh to the
+// same TTL (a keepalive, which the leader answers, and a check of the key)
+// must then find the key gone: ErrNotHeld, every time, whether it is the
+// backend's Refresh or the RefreshBatch the watchdog calls. A check the
+// follower answers from its own state, which may not yet hold the delete,
+// would report the lock held, and so would trusting the directory's watch
+// (its events come from the follower, and from a frozen member never). Run
+// many times, as the follower usually catches up within a millisecond.
 func TestRefreshReadsPastFollower(t *testing.T) {
 	t.Parallel()
 	c := ownCluster(t, 3)
 	admin := newClient(t, c.Endpoints())
 	lead := leader(t, c, admin)
 	follower := (lead + 1) % len(c.Members)
-	l := newLocker(t, []string{c.Members[follower].Addr()}, nil)
+	d, l := ownDriver(t, []string{c.Members[follower].Addr()})
 	deleter := newClient(t, []string{c.Members[lead].Addr()})
 	const rounds, ttl = 200, 5 * time.Second
-	stale := 0
-	for i := range rounds {
-		k := fmt.Sprintf("%s.%d", uniqueKey(t), i)
-		le, err := l.TryAcquire(t.Context(), k, &dlock.AcquireOptions{TTL: ttl})
-		if err != nil {
-			t.Fatalf("round %d: TryAcquire: %v", i, err)
+	for _, path := range []struct {
+		name    string
+		refresh func(backend.Lease) error
+	}{
+		{"Refresh", func(bl backend.Lease) error {
+			_, err := bl.Refresh(t.Context(), ttl)
+			return err
+		}},
+		{"RefreshBatch", func(bl backend.Lease) error {
+			reqs := []backend.RefreshRequest{{Lease: bl, TTL: ttl}}
+			d.RefreshBatch(t.Context(), reqs)
+			return reqs[0].Err
+		}},
+	} {
+		stale := 0
+		for i := range rounds {
+			k := fmt.Sprintf("%s.%s.%d", uniqueKey(t), path.name, i)
+			le, err := l.TryAcquire(t.Context(), k, &dlock.AcquireOptions{TTL: ttl})
+			if err != nil {
+				t.Fatalf("%s round %d: TryAcquire: %v", path.name, i, err)
+			}
+			own, ok := etcd.OwnerOf(le)
+			if !ok {
+				t.Fatal("OwnerOf: not an etcd lease")
+			}
+			resp, err := deleter.Txn(t.Context()).
+				If(clientv3.Compare(clientv3.CreateRevision(own.Key), "=", own.CreateRevision)).
+				Then(clientv3.OpDelete(own.Key)).Commit()
+			if err != nil || !resp.Succeeded {
+				t.Fatalf("%s round %d: deleting the key through the leader: %v (succeeded: %v)", path.name, i, err, resp != nil && resp.Succeeded)
+			}
+			switch err := path.refresh(driver.LeaseOf(le)); {
+			case err == nil:
+				stale++
+			case !errors.Is(err, backend.ErrNotHeld):
+				t.Fatalf("%s round %d: after the delete: %v; want ErrNotHeld", path.name, i, err)
+			}
+			_ = le.Release(t.Context())
 		}
-		own, ok := etcd.OwnerOf(le)
-		if !ok {
-			t.Fatal("OwnerOf: not an etcd lease")
+		if stale > 0 {
+			t.Errorf("%s: in %d of %d rounds, after a delete answered by the leader, the key was reported still held", path.name, stale, rounds)
 		}
-		resp, err := deleter.Txn(t.Context()).
-			If(clientv3.Compare(clientv3.CreateRevision(own.Key), "=", own.CreateRevision)).
-			Then(clientv3.OpDelete(own.Key)).Commit()
-		if err != nil || !resp.Succeeded {
-			t.Fatalf("round %d: deleting the key through the leader: %v (succeeded: %v)", i, err, resp != nil && resp.Succeeded)
-		}
-		_, err = driver.LeaseOf(le).Refresh(t.Context(), ttl)
-		switch {
-		case err == nil:
-			stale++
-		case !errors.Is(err, backend.ErrNotHeld):
-			t.Fatalf("round %d: Refresh after the delete: %v; want ErrNotHeld", i, err)
-		}
-		_ = le.Release(t.Context())
-	}
-	if stale > 0 {
-		t.Errorf("in %d of %d rounds, Refresh after a delete answered by the leader reported the key still held", stale, rounds)
 	}
 }
