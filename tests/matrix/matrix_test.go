@@ -389,17 +389,21 @@ func (e *env) proxies() ([]*servers.Proxy, []string) {
 }
 
 // goStop runs fn in a goroutine until stop is closed; stopAll (called
-// before the check) closes stop and waits for every fn to return.
-func (e *env) goStop(fn func(stop <-chan struct{})) {
+// before the check) closes stop and waits for every fn to return. The
+// function it returns does the same for this fn alone, earlier (stopAll
+// then finds it done).
+func (e *env) goStop(fn func(stop <-chan struct{})) func() {
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		fn(stop)
 	}()
+	end := sync.OnceFunc(func() { close(stop); <-done })
 	e.mu.Lock()
-	e.stops = append(e.stops, func() { close(stop); <-done })
+	e.stops = append(e.stops, end)
 	e.mu.Unlock()
+	return end
 }
 
 func (e *env) stopAll() {

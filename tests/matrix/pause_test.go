@@ -468,11 +468,13 @@ func contenders(n int, prefix string, o *dlock.AcquireOptions) []contender {
 }
 
 // startCycling runs contender cs[i] on Locker ls[i], over and over: a
-// cycle (acquires waiting up to wait, holding for hold) until e.stopAll.
-func (e *env) startCycling(ctx context.Context, cs []contender, ls []*dlock.Locker, wait, hold time.Duration) {
+// cycle (acquires waiting up to wait, holding for hold) until e.stopAll,
+// or until the i-th function it returns is called.
+func (e *env) startCycling(ctx context.Context, cs []contender, ls []*dlock.Locker, wait, hold time.Duration) []func() {
+	stops := make([]func(), len(ls))
 	for i, l := range ls {
 		name, o := cs[i].name, cs[i].o
-		e.goStop(func(stop <-chan struct{}) {
+		stops[i] = e.goStop(func(stop <-chan struct{}) {
 			cctx, cancel := stopContext(ctx, stop)
 			defer cancel()
 			for cctx.Err() == nil {
@@ -482,12 +484,14 @@ func (e *env) startCycling(ctx context.Context, cs []contender, ls []*dlock.Lock
 			}
 		})
 	}
+	return stops
 }
 
 // runClientPause is the scenario's run (see the comment on init), with the
 // contenders cs; at least one of them must write the register (a mutex's
-// holder, a writer), the read-write lock's row adds readers.
-func runClientPause(t *testing.T, e *env, cs []contender) {
+// holder, a writer), the read-write lock's row adds readers. It returns
+// the functions that stop each contender's cycling (see startCycling).
+func runClientPause(t *testing.T, e *env, cs []contender) []func() {
 	const (
 		hold  = 250 * time.Millisecond // a contender's critical section
 		bound = time.Minute            // for every wait on the servers or the child
@@ -512,7 +516,7 @@ func runClientPause(t *testing.T, e *env, cs []contender) {
 	t.Logf("child %d holds the key: token %d, TTL %v", c.cmd.Process.Pid, acq.Token, acq.TTL)
 
 	ctx := t.Context()
-	e.startCycling(ctx, cs, ls, bound, hold)
+	stops := e.startCycling(ctx, cs, ls, bound, hold)
 
 	// The child asks to read right after acquiring; it is stopped inside
 	// its critical section until a contender has written.
@@ -583,6 +587,7 @@ func runClientPause(t *testing.T, e *env, cs []contender) {
 		}
 		since = op.End
 	}
+	return stops
 }
 
 // pauseInside pauses the child, which holds the lease granted by acq, inside
