@@ -794,6 +794,30 @@ func queued[T any](ctx context.Context, w *waiter, doing string, f func(context.
 	return v, err
 }
 
+// resent makes a read-only request, as call does, each attempt bounded by
+// a third of the request timeout (at least a second) and sent again while
+// the request timeout and ctx last: the client sends each request to the
+// next member in turn, and a read that went to a frozen member is better
+// sent again, to another member, than left to use up a lease's TTL (a
+// refresh's read answered in time by another member keeps the lease).
+// Only for reads: a write whose answer is lost may still commit.
+func resent[T any](ctx context.Context, d *Driver, doing string, f func(context.Context) (T, error)) (T, error) {
+	tctx, cancel := context.WithTimeout(ctx, d.timeout)
+	defer cancel()
+	for {
+		actx, acancel := context.WithTimeout(tctx, max(d.timeout/3, time.Second))
+		v, err := call(actx, d, doing, f)
+		timedOut := err != nil && actx.Err() != nil
+		acancel()
+		switch {
+		case !timedOut || ctx.Err() != nil:
+			return v, err
+		case tctx.Err() != nil:
+			return v, fmt.Errorf("%w: etcd: %s: no answer within the request timeout (%v)", backend.ErrUnavailable, doing, d.timeout)
+		}
+	}
+}
+
 // period bounds each request made while queued: a third of the TTL, at
 // least a second, at most the request timeout.
 func (w *waiter) period() time.Duration {

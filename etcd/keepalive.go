@@ -206,7 +206,12 @@ func (k *keeper) renew(ctx context.Context, ids []clientv3.LeaseID) []renewal {
 // returns a function that waits for the answers, or until ctx ends or the
 // request timeout has passed since the sending: the unanswered ones then
 // fail with ErrUnavailable, and a stream that left a request unanswered
-// until a deadline is dropped (the member may be frozen).
+// until a deadline is dropped (the member may be frozen). A stream that
+// leaves a request unanswered for kaStuck is dropped at once, and the
+// unanswered keepalives are sent again on another stream, which the
+// client may send to another member: a keepalive is safe to send twice,
+// and each renewal counts from the sending of the request that was
+// answered.
 func (k *keeper) start(ctx context.Context, ids []clientv3.LeaseID) func() []renewal {
 	out := make([]renewal, len(ids))
 	rctx, cancel := context.WithTimeout(ctx, k.d.timeout)
@@ -220,33 +225,73 @@ func (k *keeper) start(ctx context.Context, ids []clientv3.LeaseID) func() []ren
 	}
 	return func() []renewal {
 		defer cancel()
-		for i, ch := range chs {
-			out[i].sent = sent[i]
-			var a kaAnswer
-			select {
-			case a = <-ch:
-			case <-rctx.Done():
-				if ctx.Err() == nil {
-					k.drop(s, errStreamStuck)
-					out[i].err = fmt.Errorf("%w: etcd: renewing the lease: no answer within the request timeout (%v)", backend.ErrUnavailable, k.d.timeout)
-					continue
-				}
-				if ctxDeadline(ctx) && s.stuck() {
-					k.drop(s, errStreamStuck)
-				}
-				out[i].err = unavailable("renewing the lease", ctx.Err())
-				continue
-			}
-			switch {
-			case a.err != nil:
-				out[i].err = unavailable("renewing the lease", a.err)
-			case a.ttl <= 0:
-				out[i].err = fmt.Errorf("%w: etcd: the lease has expired", backend.ErrNotHeld)
-			default:
-				out[i].ttl = time.Duration(a.ttl) * time.Second
-			}
+		todo := make([]int, len(ids))
+		for i := range todo {
+			todo[i] = i
 		}
-		return out
+		for {
+			var again []int
+			actx, acancel := context.WithTimeout(rctx, kaStuck)
+			for _, i := range todo {
+				out[i].sent = sent[i]
+				var a kaAnswer
+				select {
+				case a = <-chs[i]:
+					// In already: it wins over a deadline already
+					// passed (the caller may have made other requests
+					// meanwhile).
+				default:
+					select {
+					case a = <-chs[i]:
+					case <-actx.Done():
+						switch {
+						case rctx.Err() == nil:
+							// This attempt's time is up: send again.
+							k.drop(s, errStreamStuck)
+							again = append(again, i)
+						case ctx.Err() == nil:
+							k.drop(s, errStreamStuck)
+							out[i].err = fmt.Errorf("%w: etcd: renewing the lease: no answer within the request timeout (%v)", backend.ErrUnavailable, k.d.timeout)
+						default:
+							if ctxDeadline(ctx) && s.stuck() {
+								k.drop(s, errStreamStuck)
+							}
+							out[i].err = unavailable("renewing the lease", ctx.Err())
+						}
+						continue
+					}
+				}
+				switch {
+				case errors.Is(a.err, errStreamStuck) && rctx.Err() == nil:
+					again = append(again, i) // dropped by this call, or another
+				case a.err != nil:
+					out[i].err = unavailable("renewing the lease", a.err)
+				case a.ttl <= 0:
+					out[i].err = fmt.Errorf("%w: etcd: the lease has expired", backend.ErrNotHeld)
+				default:
+					out[i].ttl = time.Duration(a.ttl) * time.Second
+				}
+			}
+			acancel()
+			if len(again) == 0 {
+				return out
+			}
+			retry := make([]clientv3.LeaseID, len(again))
+			for j, i := range again {
+				retry[j] = ids[i]
+			}
+			s2, chs2, sent2, err := k.send(rctx, retry)
+			if err != nil {
+				for _, i := range again {
+					out[i].err = err
+				}
+				return out
+			}
+			for j, i := range again {
+				chs[i], sent[i] = chs2[j], sent2[j]
+			}
+			s, todo = s2, again
+		}
 	}
 }
 

@@ -159,8 +159,10 @@ func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 		// answers a transaction with no operations, like any made only
 		// of serializable reads, from the member's own state, which
 		// may not yet hold a delete another member has answered.
-		tr, terr := d.txn(ctx, "checking the lock key", l.owned(el.id),
-			clientv3.OpGet(l.w.myKey, clientv3.WithCountOnly()))
+		tr, terr := resent(ctx, d, "checking the lock key", func(ctx context.Context) (*clientv3.TxnResponse, error) {
+			return d.client.Txn(ctx).If(l.owned(el.id)...).
+				Then(clientv3.OpGet(l.w.myKey, clientv3.WithCountOnly())).Commit()
+		})
 		r := wait()[0]
 		switch {
 		case r.err != nil:
@@ -421,9 +423,9 @@ func (l *lease) Release(ctx context.Context) error {
 // counted from the moment its keepalive was sent. Their keys are read at
 // the same time, in linearizable transactions of up to 100 reads. A lease
 // whose keepalive finds it gone fails with ErrNotHeld, and so does one
-// whose key the read finds gone or not ours (or the Driver's watch has
-// seen deleted); if the read fails, every lease of the batch fails with
-// its error (ErrUnavailable). A request for another TTL, and one for
+// whose key the read finds gone, made again or on another lease (or the
+// Driver's watch has seen deleted); if a read fails, every lease of the
+// batch fails with its error (ErrUnavailable). A request for another TTL, and one for
 // a lease with a move of unknown outcome (whose key may be on another
 // lease, which no delete would show), goes through Refresh on its own.
 func (d *Driver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest) {
@@ -459,7 +461,7 @@ func (d *Driver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest
 		// are out: the directory's watch cannot stand in for the read,
 		// as it reports its member's own state, which may lag the
 		// cluster's (and a frozen member's never moves).
-		gone, gerr := d.readOwned(ctx, ls)
+		gone, gerr := d.readOwned(ctx, ls, els)
 		rs := wait()
 		for j, i := range idx {
 			r, l := rs[j], ls[j]
@@ -483,25 +485,28 @@ func (d *Driver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest
 	}
 }
 
-// readOwned reads the keys of ls and returns those that are no longer
-// ours.
-func (d *Driver) readOwned(ctx context.Context, ls []*lease) (map[*lease]bool, error) {
+// readOwned reads the keys of ls (each read sent again to another member
+// if it goes unanswered: see resent) and returns those that are no longer
+// ours on the lease of els with the same index: gone, made again, or put
+// on another lease. The values are read too: etcd leaves the lease out of
+// a keys-only read.
+func (d *Driver) readOwned(ctx context.Context, ls []*lease, els []*etcdLease) (map[*lease]bool, error) {
 	gone := map[*lease]bool{}
-	for len(ls) > 0 {
-		n := min(len(ls), recheckBatch)
-		batch := ls[:n]
-		ls = ls[n:]
-		ops := make([]clientv3.Op, n)
+	for start := 0; start < len(ls); start += recheckBatch {
+		batch := ls[start:min(len(ls), start+recheckBatch)]
+		ops := make([]clientv3.Op, len(batch))
 		for i, l := range batch {
-			ops[i] = clientv3.OpGet(l.w.myKey, clientv3.WithKeysOnly())
+			ops[i] = clientv3.OpGet(l.w.myKey)
 		}
-		resp, err := d.txn(ctx, "checking the lock keys", nil, ops...)
+		resp, err := resent(ctx, d, "checking the lock keys", func(ctx context.Context) (*clientv3.TxnResponse, error) {
+			return d.client.Txn(ctx).Then(ops...).Commit()
+		})
 		if err != nil {
 			return nil, err
 		}
 		for i, l := range batch {
 			kvs := resp.Responses[i].GetResponseRange().Kvs
-			if len(kvs) == 0 || kvs[0].CreateRevision != l.w.rev {
+			if len(kvs) == 0 || kvs[0].CreateRevision != l.w.rev || clientv3.LeaseID(kvs[0].Lease) != els[start+i].id {
 				gone[l] = true
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -291,6 +292,107 @@ func TestMoveThenPooled(t *testing.T) {
 	}
 	if err := again.Release(t.Context()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRefreshBatchAvoidsFrozenMember: a Driver whose client has two
+// members, one of them a frozen follower (its process paused: connections
+// open, nothing answered), refreshes a batch of leases again and again.
+// The client sends each request, and opens each keepalive stream, to the
+// next member in turn, so a batch's read of its keys and its keepalives
+// often go to the frozen one: they must be sent again, to the other
+// member, within the batch's time, not left to fail every lease of the
+// batch. Every batch must renew every lease.
+func TestRefreshBatchAvoidsFrozenMember(t *testing.T) {
+	t.Parallel()
+	c := ownCluster(t, 3)
+	admin := newClient(t, c.Endpoints())
+	lead := leader(t, c, admin)
+	frozen, live := c.Members[(lead+1)%3], c.Members[(lead+2)%3]
+	d, l := ownDriver(t, []string{frozen.Addr(), live.Addr()})
+	const n, ttl = 10, 30 * time.Second
+	reqs := make([]backend.RefreshRequest, n)
+	for i := range reqs {
+		le, err := l.TryAcquire(t.Context(), fmt.Sprintf("%s.%d", uniqueKey(t), i), &dlock.AcquireOptions{TTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reqs[i] = backend.RefreshRequest{Lease: driver.LeaseOf(le), TTL: ttl}
+	}
+	if err := frozen.Pause(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := frozen.Unpause(context.WithoutCancel(t.Context())); err != nil {
+			t.Errorf("unpausing the member: %v", err)
+		}
+	}()
+	const batches = 8
+	readFailed, kaFailed := 0, 0
+	for b := range batches {
+		for i := range reqs {
+			reqs[i].Granted, reqs[i].Err = 0, nil
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 6*time.Second)
+		start := time.Now()
+		d.RefreshBatch(ctx, reqs)
+		cancel()
+		var errs []error
+		for _, r := range reqs {
+			if r.Err != nil {
+				errs = append(errs, r.Err)
+			}
+		}
+		switch {
+		case len(errs) == 0:
+		case strings.Contains(errs[0].Error(), "checking the lock keys"):
+			readFailed++
+		default:
+			kaFailed++
+		}
+		first := error(nil)
+		if len(errs) > 0 {
+			first = errs[0]
+		}
+		t.Logf("batch %d: %d of %d leases failed, in %v (first error: %v)", b, len(errs), n, time.Since(start).Round(time.Millisecond), first)
+	}
+	if readFailed+kaFailed > 0 {
+		t.Errorf("of %d batches, %d failed on the read of their keys and %d on their keepalives", batches, readFailed, kaFailed)
+	}
+}
+
+// TestRefreshKeyTakenOffLease: someone else puts the lock key again
+// without a lease (its create revision, the token, stays): it no longer
+// goes with the holder's lease, so neither refresh may report the lock
+// held, the backend's Refresh nor RefreshBatch.
+func TestRefreshKeyTakenOffLease(t *testing.T) {
+	t.Parallel()
+	eps := servers.Etcd(t, 1).Endpoints()
+	admin := newClient(t, eps)
+	d, l := ownDriver(t, eps)
+	const ttl = 30 * time.Second
+	for _, batch := range []bool{false, true} {
+		le, err := l.TryAcquire(t.Context(), uniqueKey(t), &dlock.AcquireOptions{TTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		own, _ := etcd.OwnerOf(le)
+		if _, err := admin.Put(t.Context(), own.Key, "taken"); err != nil {
+			t.Fatal(err)
+		}
+		bl := driver.LeaseOf(le)
+		if batch {
+			reqs := []backend.RefreshRequest{{Lease: bl, TTL: ttl}}
+			d.RefreshBatch(t.Context(), reqs)
+			err = reqs[0].Err
+		} else {
+			_, err = bl.Refresh(t.Context(), ttl)
+		}
+		if !errors.Is(err, backend.ErrNotHeld) {
+			t.Errorf("refresh (batch: %v) of a key put again off its lease: %v; want ErrNotHeld", batch, err)
+		}
+		_ = le.Release(t.Context())
+		_, _ = admin.Delete(t.Context(), own.Key)
 	}
 }
 
