@@ -287,10 +287,13 @@
 // Keepalives (of queued waiters, of Refresh, of pooled leases at their
 // reuse, of RefreshBatch) go on the Driver's four LeaseKeepAlive streams,
 // each call's keepalives on one stream (the server answers one stream's
-// requests one at a time). A stream that leaves a keepalive unanswered for
-// the request timeout, or past its caller's deadline while it has answered
-// nothing for a second, is dropped, and the next keepalive on its slot
-// opens another, which the client may send to another member.
+// requests one at a time). A stream that has answered nothing for a second
+// while a keepalive on it waits is dropped (the member may be frozen): the
+// caller sends its unanswered keepalives again on another stream, while
+// the request timeout lasts, and the next keepalive on the dropped slot
+// opens another, which the client may send to another member. The reads a
+// refresh makes are sent again likewise after a fifth of the request
+// timeout (at least a second).
 //
 // Refresh with the TTL the lease was granted with sends one keepalive and,
 // at the same time, checks in a linearizable read-only transaction that the
@@ -299,12 +302,12 @@
 // with one keepalive each on one stream and reads their keys at the same
 // time (up to 100 in one linearizable transaction), and reports a lease
 // lost (ErrNotHeld) if its keepalive finds it gone or the read finds its
-// key gone. A key deleted behind our back while its lease lives (by an
-// operator, say) is thus reported by every refresh that starts after the
-// delete was answered, whichever member the client talks to, and often
-// earlier by the watch of its directory, whose events come from its
-// member's own state, which may lag the cluster's (both reads wait for a
-// read index instead).
+// key gone, made again, or on another lease. A key deleted behind our back
+// while its lease lives (by an operator, say) is thus reported by every
+// refresh that starts after the delete was answered, whichever member the
+// client talks to, and often earlier by the watch of its directory, whose
+// events come from its member's own state, which may lag the cluster's
+// (both reads wait for a read index instead).
 // etcd cannot change a lease's TTL, so Refresh with another TTL grants a new
 // lease and moves the key onto it (a transaction that checks the key is
 // still ours, on the lease we keep alive, and not written since our last

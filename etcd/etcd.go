@@ -795,7 +795,7 @@ func queued[T any](ctx context.Context, w *waiter, doing string, f func(context.
 }
 
 // resent makes a read-only request, as call does, each attempt bounded by
-// a third of the request timeout (at least a second) and sent again while
+// a fifth of the request timeout (at least a second) and sent again while
 // the request timeout and ctx last: the client sends each request to the
 // next member in turn, and a read that went to a frozen member is better
 // sent again, to another member, than left to use up a lease's TTL (a
@@ -805,7 +805,7 @@ func resent[T any](ctx context.Context, d *Driver, doing string, f func(context.
 	tctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()
 	for {
-		actx, acancel := context.WithTimeout(tctx, max(d.timeout/3, time.Second))
+		actx, acancel := context.WithTimeout(tctx, max(d.timeout/5, time.Second))
 		v, err := call(actx, d, doing, f)
 		timedOut := err != nil && actx.Err() != nil
 		acancel()

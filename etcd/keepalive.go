@@ -15,14 +15,15 @@ import (
 
 // keeper sends the keepalives of a Driver's leases on a few LeaseKeepAlive
 // streams (a keepalive is not a Raft write; the leader renews the lease in
-// memory), each call's requests all on one stream, the calls taking the
-// streams in turn. The server answers the requests of one stream in order,
-// one answer per request, so answers are matched to requests by lease ID,
-// first in first out. A stream that fails, that leaves a request
-// unanswered for the request timeout, or past its caller's deadline while
-// it has answered nothing for kaStuck (a frozen member), is dropped: its
-// unanswered requests fail, and the next request on its slot opens a new
-// stream, which the client may send to another member.
+// memory), each call's requests all on one stream (and its re-sent ones on
+// another), the calls taking the streams in turn. The server answers the
+// requests of one stream in order, one answer per request, so answers are
+// matched to requests by lease ID, first in first out. A stream that
+// fails, or that has answered nothing for kaStuck while a request on it
+// waits (a frozen member), is dropped: its unanswered requests fail, or
+// are sent again by their callers while the request timeout lasts (see
+// start), and the next request on its slot opens a new stream, which the
+// client may send to another member.
 type keeper struct {
 	d *Driver
 
@@ -37,8 +38,8 @@ type keeper struct {
 const kaStreams = 4
 
 // kaStuck is how long a stream may go without an answer, while a request
-// on it is unanswered past its caller's deadline, before it is dropped (its
-// member may be frozen). A stream that answers, only slowly, is kept.
+// on it is unanswered, before it is dropped (its member may be frozen). A
+// stream that answers, only slowly, is kept.
 const kaStuck = time.Second
 
 // kaStream is one LeaseKeepAlive stream and its unanswered requests.
@@ -128,9 +129,18 @@ func (k *keeper) recv(s *kaStream) {
 }
 
 // drop ends s with err: its unanswered requests fail, and the next request
-// opens a new stream.
+// opens a new stream. The first drop's err is the one every unanswered
+// request gets: it is recorded before the stream is cancelled, whose
+// receive loop then drops s again with the cancellation.
 func (k *keeper) drop(s *kaStream, err error) {
-	s.cancel()
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = err
+	}
+	err = s.err
+	pending := s.pending
+	s.pending = map[int64][]chan kaAnswer{}
+	s.mu.Unlock()
 	k.mu.Lock()
 	for i := range k.cur {
 		if k.cur[i] == s {
@@ -138,13 +148,7 @@ func (k *keeper) drop(s *kaStream, err error) {
 		}
 	}
 	k.mu.Unlock()
-	s.mu.Lock()
-	if s.err == nil {
-		s.err = err
-	}
-	pending := s.pending
-	s.pending = map[int64][]chan kaAnswer{}
-	s.mu.Unlock()
+	s.cancel()
 	for _, q := range pending {
 		for _, ch := range q {
 			ch <- kaAnswer{err: err}
@@ -206,12 +210,13 @@ func (k *keeper) renew(ctx context.Context, ids []clientv3.LeaseID) []renewal {
 // returns a function that waits for the answers, or until ctx ends or the
 // request timeout has passed since the sending: the unanswered ones then
 // fail with ErrUnavailable, and a stream that left a request unanswered
-// until a deadline is dropped (the member may be frozen). A stream that
-// leaves a request unanswered for kaStuck is dropped at once, and the
-// unanswered keepalives are sent again on another stream, which the
-// client may send to another member: a keepalive is safe to send twice,
-// and each renewal counts from the sending of the request that was
-// answered.
+// until a deadline while it has answered nothing for kaStuck is dropped
+// (the member may be frozen). Such a stream is also dropped while the
+// request timeout lasts, and the unanswered keepalives are sent again on
+// another stream, which the client may send to another member: a
+// keepalive is safe to send twice, and each renewal counts from the
+// sending of the request that was answered. A stream that answers, only
+// slowly, is waited for.
 func (k *keeper) start(ctx context.Context, ids []clientv3.LeaseID) func() []renewal {
 	out := make([]renewal, len(ids))
 	rctx, cancel := context.WithTimeout(ctx, k.d.timeout)
@@ -223,6 +228,43 @@ func (k *keeper) start(ctx context.Context, ids []clientv3.LeaseID) func() []ren
 		}
 		return func() []renewal { return out }
 	}
+	// await waits for ch, on s: it returns the answer, or false if s went
+	// quiet for kaStuck while rctx lasts (to be sent again), or sets out[i]
+	// as failed when rctx has ended (the answer counts still if in).
+	await := func(i int, s *kaStream, ch chan kaAnswer) (kaAnswer, bool) {
+		select {
+		case a := <-ch:
+			return a, true
+		default:
+		}
+		tick := time.NewTicker(kaStuck)
+		defer tick.Stop()
+		for {
+			select {
+			case a := <-ch:
+				return a, true
+			case <-tick.C:
+				if s.stuck() {
+					k.drop(s, errStreamStuck) // ch receives errStreamStuck
+				}
+				continue
+			case <-rctx.Done():
+			}
+			switch {
+			case ctx.Err() == nil:
+				if s.stuck() {
+					k.drop(s, errStreamStuck)
+				}
+				out[i].err = fmt.Errorf("%w: etcd: renewing the lease: no answer within the request timeout (%v)", backend.ErrUnavailable, k.d.timeout)
+			default:
+				if ctxDeadline(ctx) && s.stuck() {
+					k.drop(s, errStreamStuck)
+				}
+				out[i].err = unavailable("renewing the lease", ctx.Err())
+			}
+			return kaAnswer{}, false
+		}
+	}
 	return func() []renewal {
 		defer cancel()
 		todo := make([]int, len(ids))
@@ -231,37 +273,11 @@ func (k *keeper) start(ctx context.Context, ids []clientv3.LeaseID) func() []ren
 		}
 		for {
 			var again []int
-			actx, acancel := context.WithTimeout(rctx, kaStuck)
 			for _, i := range todo {
 				out[i].sent = sent[i]
-				var a kaAnswer
-				select {
-				case a = <-chs[i]:
-					// In already: it wins over a deadline already
-					// passed (the caller may have made other requests
-					// meanwhile).
-				default:
-					select {
-					case a = <-chs[i]:
-					case <-actx.Done():
-						switch {
-						case rctx.Err() == nil:
-							// This attempt's time is up: send again.
-							k.drop(s, errStreamStuck)
-							again = append(again, i)
-						case ctx.Err() == nil:
-							k.drop(s, errStreamStuck)
-							out[i].err = fmt.Errorf("%w: etcd: renewing the lease: no answer within the request timeout (%v)", backend.ErrUnavailable, k.d.timeout)
-						default:
-							if ctxDeadline(ctx) && s.stuck() {
-								k.drop(s, errStreamStuck)
-							}
-							out[i].err = unavailable("renewing the lease", ctx.Err())
-						}
-						continue
-					}
-				}
+				a, ok := await(i, s, chs[i])
 				switch {
+				case !ok:
 				case errors.Is(a.err, errStreamStuck) && rctx.Err() == nil:
 					again = append(again, i) // dropped by this call, or another
 				case a.err != nil:
@@ -272,7 +288,6 @@ func (k *keeper) start(ctx context.Context, ids []clientv3.LeaseID) func() []ren
 					out[i].ttl = time.Duration(a.ttl) * time.Second
 				}
 			}
-			acancel()
 			if len(again) == 0 {
 				return out
 			}

@@ -458,11 +458,18 @@ func (d *Driver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest
 		}
 		wait := d.ka.start(ctx, ids)
 		// The keys are read as well, linearizably, while the keepalives
-		// are out: the directory's watch cannot stand in for the read,
-		// as it reports its member's own state, which may lag the
-		// cluster's (and a frozen member's never moves).
-		gone, gerr := d.readOwned(ctx, ls, els)
+		// are awaited (and sent again if need be): the directory's watch
+		// cannot stand in for the read, as it reports its member's own
+		// state, which may lag the cluster's (and a frozen member's never
+		// moves).
+		var (
+			gone map[*lease]bool
+			gerr error
+			read sync.WaitGroup
+		)
+		read.Go(func() { gone, gerr = d.readOwned(ctx, ls, els) })
 		rs := wait()
+		read.Wait()
 		for j, i := range idx {
 			r, l := rs[j], ls[j]
 			switch {
@@ -485,30 +492,40 @@ func (d *Driver) RefreshBatch(ctx context.Context, reqs []backend.RefreshRequest
 	}
 }
 
-// readOwned reads the keys of ls (each read sent again to another member
-// if it goes unanswered: see resent) and returns those that are no longer
-// ours on the lease of els with the same index: gone, made again, or put
-// on another lease. The values are read too: etcd leaves the lease out of
-// a keys-only read.
+// readOwned reads the keys of ls, up to 100 to a transaction, the
+// transactions at once (each sent again to another member if it goes
+// unanswered: see resent), and returns those that are no longer ours on
+// the lease of els with the same index: gone, made again, or put on
+// another lease. The values are read too: etcd leaves the lease out of a
+// keys-only read. One failed transaction fails the whole read.
 func (d *Driver) readOwned(ctx context.Context, ls []*lease, els []*etcdLease) (map[*lease]bool, error) {
-	gone := map[*lease]bool{}
-	for start := 0; start < len(ls); start += recheckBatch {
-		batch := ls[start:min(len(ls), start+recheckBatch)]
+	n := (len(ls) + recheckBatch - 1) / recheckBatch
+	resps := make([]*clientv3.TxnResponse, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for c := range n {
+		batch := ls[c*recheckBatch : min(len(ls), (c+1)*recheckBatch)]
 		ops := make([]clientv3.Op, len(batch))
 		for i, l := range batch {
 			ops[i] = clientv3.OpGet(l.w.myKey)
 		}
-		resp, err := resent(ctx, d, "checking the lock keys", func(ctx context.Context) (*clientv3.TxnResponse, error) {
-			return d.client.Txn(ctx).Then(ops...).Commit()
+		wg.Go(func() {
+			resps[c], errs[c] = resent(ctx, d, "checking the lock keys", func(ctx context.Context) (*clientv3.TxnResponse, error) {
+				return d.client.Txn(ctx).Then(ops...).Commit()
+			})
 		})
+	}
+	wg.Wait()
+	for _, err := range errs {
 		if err != nil {
 			return nil, err
 		}
-		for i, l := range batch {
-			kvs := resp.Responses[i].GetResponseRange().Kvs
-			if len(kvs) == 0 || kvs[0].CreateRevision != l.w.rev || clientv3.LeaseID(kvs[0].Lease) != els[start+i].id {
-				gone[l] = true
-			}
+	}
+	gone := map[*lease]bool{}
+	for j, l := range ls {
+		kvs := resps[j/recheckBatch].Responses[j%recheckBatch].GetResponseRange().Kvs
+		if len(kvs) == 0 || kvs[0].CreateRevision != l.w.rev || clientv3.LeaseID(kvs[0].Lease) != els[j].id {
+			gone[l] = true
 		}
 	}
 	return gone, nil

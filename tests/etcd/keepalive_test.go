@@ -302,7 +302,8 @@ func TestMoveThenPooled(t *testing.T) {
 // next member in turn, so a batch's read of its keys and its keepalives
 // often go to the frozen one: they must be sent again, to the other
 // member, within the batch's time, not left to fail every lease of the
-// batch. Every batch must renew every lease.
+// batch. Every batch must renew every lease (250: the keys are read in 3
+// transactions).
 func TestRefreshBatchAvoidsFrozenMember(t *testing.T) {
 	t.Parallel()
 	c := ownCluster(t, 3)
@@ -310,7 +311,7 @@ func TestRefreshBatchAvoidsFrozenMember(t *testing.T) {
 	lead := leader(t, c, admin)
 	frozen, live := c.Members[(lead+1)%3], c.Members[(lead+2)%3]
 	d, l := ownDriver(t, []string{frozen.Addr(), live.Addr()})
-	const n, ttl = 10, 30 * time.Second
+	const n, ttl = 250, 30 * time.Second // 3 reads of up to 100 keys
 	reqs := make([]backend.RefreshRequest, n)
 	for i := range reqs {
 		le, err := l.TryAcquire(t.Context(), fmt.Sprintf("%s.%d", uniqueKey(t), i), &dlock.AcquireOptions{TTL: ttl})
