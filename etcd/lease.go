@@ -159,11 +159,19 @@ func (l *lease) Refresh(ctx context.Context, ttl time.Duration) (time.Duration, 
 		// answers a transaction with no operations, like any made only
 		// of serializable reads, from the member's own state, which
 		// may not yet hold a delete another member has answered.
-		tr, terr := resent(ctx, d, "checking the lock key", func(ctx context.Context) (*clientv3.TxnResponse, error) {
-			return d.client.Txn(ctx).If(l.owned(el.id)...).
-				Then(clientv3.OpGet(l.w.myKey, clientv3.WithCountOnly())).Commit()
+		var (
+			tr   *clientv3.TxnResponse
+			terr error
+			read sync.WaitGroup
+		)
+		read.Go(func() {
+			tr, terr = resent(ctx, d, "checking the lock key", func(ctx context.Context) (*clientv3.TxnResponse, error) {
+				return d.client.Txn(ctx).If(l.owned(el.id)...).
+					Then(clientv3.OpGet(l.w.myKey, clientv3.WithCountOnly())).Commit()
+			})
 		})
-		r := wait()[0]
+		r := wait()[0] // the keepalive is awaited (and sent again) beside the read
+		read.Wait()
 		switch {
 		case r.err != nil:
 			return 0, r.err
