@@ -381,15 +381,7 @@ func TestRefreshKeyTakenOffLease(t *testing.T) {
 		if _, err := admin.Put(t.Context(), own.Key, "taken"); err != nil {
 			t.Fatal(err)
 		}
-		bl := driver.LeaseOf(le)
-		if batch {
-			reqs := []backend.RefreshRequest{{Lease: bl, TTL: ttl}}
-			d.RefreshBatch(t.Context(), reqs)
-			err = reqs[0].Err
-		} else {
-			_, err = bl.Refresh(t.Context(), ttl)
-		}
-		if !errors.Is(err, backend.ErrNotHeld) {
+		if err := refreshBackend(t, d, le, ttl, batch); !errors.Is(err, backend.ErrNotHeld) {
 			t.Errorf("refresh (batch: %v) of a key put again off its lease: %v; want ErrNotHeld", batch, err)
 		}
 		_ = le.Release(t.Context())
@@ -416,26 +408,13 @@ func TestRefreshReadsPastFollower(t *testing.T) {
 	d, l := ownDriver(t, []string{c.Members[follower].Addr()})
 	deleter := newClient(t, []string{c.Members[lead].Addr()})
 	const rounds, ttl = 200, 5 * time.Second
-	for _, path := range []struct {
-		name    string
-		refresh func(backend.Lease) error
-	}{
-		{"Refresh", func(bl backend.Lease) error {
-			_, err := bl.Refresh(t.Context(), ttl)
-			return err
-		}},
-		{"RefreshBatch", func(bl backend.Lease) error {
-			reqs := []backend.RefreshRequest{{Lease: bl, TTL: ttl}}
-			d.RefreshBatch(t.Context(), reqs)
-			return reqs[0].Err
-		}},
-	} {
+	for _, batch := range []bool{false, true} {
 		stale := 0
 		for i := range rounds {
-			k := fmt.Sprintf("%s.%s.%d", uniqueKey(t), path.name, i)
+			k := fmt.Sprintf("%s.%v.%d", uniqueKey(t), batch, i)
 			le, err := l.TryAcquire(t.Context(), k, &dlock.AcquireOptions{TTL: ttl})
 			if err != nil {
-				t.Fatalf("%s round %d: TryAcquire: %v", path.name, i, err)
+				t.Fatalf("batch %v, round %d: TryAcquire: %v", batch, i, err)
 			}
 			own, ok := etcd.OwnerOf(le)
 			if !ok {
@@ -445,18 +424,33 @@ func TestRefreshReadsPastFollower(t *testing.T) {
 				If(clientv3.Compare(clientv3.CreateRevision(own.Key), "=", own.CreateRevision)).
 				Then(clientv3.OpDelete(own.Key)).Commit()
 			if err != nil || !resp.Succeeded {
-				t.Fatalf("%s round %d: deleting the key through the leader: %v (succeeded: %v)", path.name, i, err, resp != nil && resp.Succeeded)
+				t.Fatalf("batch %v, round %d: deleting the key through the leader: %v (succeeded: %v)", batch, i, err, resp != nil && resp.Succeeded)
 			}
-			switch err := path.refresh(driver.LeaseOf(le)); {
+			switch err := refreshBackend(t, d, le, ttl, batch); {
 			case err == nil:
 				stale++
 			case !errors.Is(err, backend.ErrNotHeld):
-				t.Fatalf("%s round %d: after the delete: %v; want ErrNotHeld", path.name, i, err)
+				t.Fatalf("batch %v, round %d: after the delete: %v; want ErrNotHeld", batch, i, err)
 			}
 			_ = le.Release(t.Context())
 		}
 		if stale > 0 {
-			t.Errorf("%s: in %d of %d rounds, after a delete answered by the leader, the key was reported still held", path.name, stale, rounds)
+			t.Errorf("batch %v: in %d of %d rounds, after a delete answered by the leader, the key was reported still held", batch, stale, rounds)
 		}
 	}
+}
+
+// refreshBackend refreshes le to ttl in the backend itself (the Locker may
+// know of a loss already and not ask): through its lease's Refresh, or
+// through d's RefreshBatch (what AutoRefresh calls) if batch.
+func refreshBackend(t *testing.T, d *etcd.Driver, le *dlock.Lease, ttl time.Duration, batch bool) error {
+	t.Helper()
+	bl := driver.LeaseOf(le)
+	if !batch {
+		_, err := bl.Refresh(t.Context(), ttl)
+		return err
+	}
+	reqs := []backend.RefreshRequest{{Lease: bl, TTL: ttl}}
+	d.RefreshBatch(t.Context(), reqs)
+	return reqs[0].Err
 }
