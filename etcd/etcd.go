@@ -794,27 +794,57 @@ func queued[T any](ctx context.Context, w *waiter, doing string, f func(context.
 	return v, err
 }
 
-// resent makes a read-only request, as call does, each attempt bounded by
-// a fifth of the request timeout (at least a second) and sent again while
-// the request timeout and ctx last: the client sends each request to the
-// next member in turn, and a read that went to a frozen member is better
-// sent again, to another member, than left to use up a lease's TTL (a
-// refresh's read answered in time by another member keeps the lease).
-// Only for reads: a write whose answer is lost may still commit.
+// resent makes a read-only request, as call does, within the request
+// timeout and ctx, and sends it again each time a fifth of the request
+// timeout (at least a second) passes without an answer, keeping the
+// earlier attempts: the first answer wins, so a read that is only slow
+// still counts. The client sends each request to the next member in turn,
+// and a read that went to a frozen member is better sent again, to
+// another member, than left to use up a lease's TTL (a refresh's read
+// answered in time by another member keeps the lease). Only for reads: a
+// write whose answer is lost may still commit. It returns once its
+// attempts have ended.
 func resent[T any](ctx context.Context, d *Driver, doing string, f func(context.Context) (T, error)) (T, error) {
 	tctx, cancel := context.WithTimeout(ctx, d.timeout)
-	defer cancel()
-	for {
-		actx, acancel := context.WithTimeout(tctx, max(d.timeout/5, time.Second))
-		v, err := call(actx, d, doing, f)
-		timedOut := err != nil && actx.Err() != nil
-		acancel()
-		switch {
-		case !timedOut || ctx.Err() != nil:
-			return v, err
-		case tctx.Err() != nil:
-			return v, fmt.Errorf("%w: etcd: %s: no answer within the request timeout (%v)", backend.ErrUnavailable, doing, d.timeout)
+	var attempts sync.WaitGroup
+	defer func() {
+		cancel()
+		attempts.Wait()
+	}()
+	window := max(d.timeout/5, time.Second)
+	type result struct {
+		v   T
+		err error
+	}
+	results := make(chan result, int(d.timeout/window)+2)
+	send := func() {
+		attempts.Go(func() {
+			v, err := call(tctx, d, doing, f)
+			results <- result{v, err}
+		})
+	}
+	send()
+	tick := time.NewTicker(window)
+	defer tick.Stop()
+	for sent := 1; ; {
+		var zero T
+		select {
+		case r := <-results:
+			if r.err == nil || tctx.Err() == nil {
+				return r.v, r.err // an answer, or a failure that is not for want of one
+			}
+		case <-tick.C:
+			if sent < cap(results) {
+				send()
+				sent++
+			}
+			continue
+		case <-tctx.Done():
 		}
+		if err := ctx.Err(); err != nil {
+			return zero, unavailable(doing, err)
+		}
+		return zero, fmt.Errorf("%w: etcd: %s: no answer within the request timeout (%v)", backend.ErrUnavailable, doing, d.timeout)
 	}
 }
 

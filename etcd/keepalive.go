@@ -49,10 +49,10 @@ type kaStream struct {
 
 	sendMu sync.Mutex // serializes Send
 
-	mu       sync.Mutex
-	pending  map[int64][]chan kaAnswer
-	err      error     // set when the stream has ended
-	lastRecv time.Time // when the stream was opened or last answered
+	mu         sync.Mutex
+	pending    map[int64][]chan kaAnswer
+	err        error     // set when the stream has ended
+	quietSince time.Time // when the stream was opened, last answered, or took a request while none waited
 }
 
 // kaAnswer is the server's answer to one keepalive: the lease's TTL in
@@ -92,7 +92,7 @@ func (k *keeper) stream(ctx context.Context) (*kaStream, error) {
 		cancel()
 		return nil, unavailable("opening a keepalive stream", clientv3.ContextError(ctx, err))
 	}
-	s := &kaStream{stream: st, cancel: cancel, pending: map[int64][]chan kaAnswer{}, lastRecv: time.Now()}
+	s := &kaStream{stream: st, cancel: cancel, pending: map[int64][]chan kaAnswer{}, quietSince: time.Now()}
 	if !k.d.bg.Go(func() { k.recv(s) }) {
 		cancel()
 		return nil, fmt.Errorf("%w: etcd: the driver is closed", backend.ErrClosed)
@@ -110,7 +110,7 @@ func (k *keeper) recv(s *kaStream) {
 			return
 		}
 		s.mu.Lock()
-		s.lastRecv = time.Now()
+		s.quietSince = time.Now()
 		q := s.pending[resp.ID]
 		var ch chan kaAnswer
 		if len(q) > 0 {
@@ -156,11 +156,12 @@ func (k *keeper) drop(s *kaStream, err error) {
 	}
 }
 
-// stuck reports whether s has answered nothing for kaStuck.
+// stuck reports whether s has been quiet for kaStuck: no answer, and no
+// request taken while none waited, in that time.
 func (s *kaStream) stuck() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return time.Since(s.lastRecv) >= kaStuck
+	return time.Since(s.quietSince) >= kaStuck
 }
 
 // errStreamStuck is why a stream whose answer did not come in time is
@@ -188,11 +189,14 @@ func (k *keeper) send(ctx context.Context, ids []clientv3.LeaseID) (*kaStream, [
 			ch <- kaAnswer{err: s.err}
 			continue
 		}
+		if len(s.pending) == 0 {
+			s.quietSince = time.Now() // an idle stream is not stuck
+		}
 		s.pending[int64(id)] = append(s.pending[int64(id)], ch)
 		s.mu.Unlock()
 		sent[i] = time.Now()
 		if err := s.stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)}); err != nil {
-			// The stream has ended: recv fails every pending request,
+			// The stream has ended: drop fails every pending request,
 			// this one included.
 			k.drop(s, err)
 		}
@@ -228,9 +232,10 @@ func (k *keeper) start(ctx context.Context, ids []clientv3.LeaseID) func() []ren
 		}
 		return func() []renewal { return out }
 	}
-	// await waits for ch, on s: it returns the answer, or false if s went
-	// quiet for kaStuck while rctx lasts (to be sent again), or sets out[i]
-	// as failed when rctx has ended (the answer counts still if in).
+	// await waits for ch, on s, and returns the answer (errStreamStuck if
+	// s went quiet for kaStuck meanwhile: it drops s, and the caller sends
+	// again while rctx lasts). If rctx ends first, it sets out[i] as failed
+	// and returns false (an answer already in counts still).
 	await := func(i int, s *kaStream, ch chan kaAnswer) (kaAnswer, bool) {
 		select {
 		case a := <-ch:
