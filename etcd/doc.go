@@ -294,7 +294,8 @@
 // opens another, which the client may send to another member. The reads a
 // refresh makes are sent again likewise after a fifth of the request
 // timeout (at least a second) without an answer, and again each time
-// that passes, the earlier attempts kept: the first answer wins.
+// that passes, the earlier attempts kept: the first answer wins (a failed
+// attempt is sent again at once if no other is out).
 //
 // Refresh with the TTL the lease was granted with sends one keepalive and,
 // at the same time, checks in a linearizable read-only transaction that the

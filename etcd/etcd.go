@@ -798,12 +798,13 @@ func queued[T any](ctx context.Context, w *waiter, doing string, f func(context.
 // timeout and ctx, and sends it again each time a fifth of the request
 // timeout (at least a second) passes without an answer, keeping the
 // earlier attempts: the first answer wins, so a read that is only slow
-// still counts. The client sends each request to the next member in turn,
-// and a read that went to a frozen member is better sent again, to
-// another member, than left to use up a lease's TTL (a refresh's read
-// answered in time by another member keeps the lease). Only for reads: a
-// write whose answer is lost may still commit. It returns once its
-// attempts have ended.
+// still counts. An attempt that fails (a member killed, a leader change)
+// is sent again at once if no other is out. The client sends each request
+// to the next member in turn, and a read that went to a frozen member is
+// better sent again, to another member, than left to use up a lease's TTL
+// (a refresh's read answered in time by another member keeps the lease).
+// Only for reads: a write whose answer is lost may still commit. It makes
+// at most timeout/window + 2 attempts, and returns once they have ended.
 func resent[T any](ctx context.Context, d *Driver, doing string, f func(context.Context) (T, error)) (T, error) {
 	tctx, cancel := context.WithTimeout(ctx, d.timeout)
 	var attempts sync.WaitGroup
@@ -817,35 +818,59 @@ func resent[T any](ctx context.Context, d *Driver, doing string, f func(context.
 		err error
 	}
 	results := make(chan result, int(d.timeout/window)+2)
-	send := func() {
+	sent, out := 0, 0
+	send := func() bool {
+		if sent == cap(results) {
+			return false
+		}
+		sent++
+		out++
 		attempts.Go(func() {
 			v, err := call(tctx, d, doing, f)
 			results <- result{v, err}
 		})
+		return true
 	}
 	send()
 	tick := time.NewTicker(window)
 	defer tick.Stop()
-	for sent := 1; ; {
-		var zero T
+	var zero T
+	var failed error
+	for tctx.Err() == nil {
 		select {
 		case r := <-results:
-			if r.err == nil || tctx.Err() == nil {
-				return r.v, r.err // an answer, or a failure that is not for want of one
+			out--
+			switch {
+			case r.err == nil:
+				return r.v, nil
+			case tctx.Err() != nil:
+			case out == 0 && !send():
+				return zero, r.err
+			default:
+				failed = r.err
 			}
 		case <-tick.C:
-			if sent < cap(results) {
-				send()
-				sent++
-			}
-			continue
+			send()
 		case <-tctx.Done():
 		}
-		if err := ctx.Err(); err != nil {
-			return zero, unavailable(doing, err)
-		}
-		return zero, fmt.Errorf("%w: etcd: %s: no answer within the request timeout (%v)", backend.ErrUnavailable, doing, d.timeout)
 	}
+	for drained := false; !drained; { // an answer that came with the deadline still counts
+		select {
+		case r := <-results:
+			if r.err == nil {
+				return r.v, nil
+			}
+		default:
+			drained = true
+		}
+	}
+	switch {
+	case ctx.Err() != nil:
+		return zero, unavailable(doing, ctx.Err())
+	case failed != nil:
+		return zero, failed
+	}
+	return zero, fmt.Errorf("%w: etcd: %s: no answer within the request timeout (%v)", backend.ErrUnavailable, doing, d.timeout)
 }
 
 // period bounds each request made while queued: a third of the TTL, at
